@@ -1,0 +1,1 @@
+"""The built-in multimodal testbed: task, tokenizer, tiny VLM, warm-up."""

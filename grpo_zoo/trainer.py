@@ -1,0 +1,341 @@
+"""The training loop. `training_step` is ARCHITECTURE.md's numbered step, top to bottom.
+
+Determinism: every step reseeds torch/numpy/random from (seed, step), and selectors keep
+their own generators in their state, so a run resumed from a checkpoint reproduces the
+uninterrupted run's metrics bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo_zoo.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from grpo_zoo.config import Config
+from grpo_zoo.configuration import ConfigError, to_dict
+from grpo_zoo.evaluation import evaluate
+from grpo_zoo.metrics import group_diagnostics, masked_mean
+from grpo_zoo.rollout_ops import ScoredBatch, collect_batch
+from grpo_zoo.run import Run, build_run
+from grpo_zoo.types import AdvantageInputs, LossInputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    first_eval: dict[str, float] = field(default_factory=dict)
+    last_eval: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+
+    def summary(self) -> str:
+        lines = [f"trained {self.steps} steps"]
+        for key in ("eval/pass@1", "eval/greedy_accuracy"):
+            if key in self.first_eval and key in self.last_eval:
+                lines.append(f"held-out {key[5:]}: {self.first_eval[key]:.3f} at the start -> {self.last_eval[key]:.3f}")
+        lines.append(f"metrics:     {self.run_dir / 'metrics.jsonl'}")
+        lines.append(f"tensorboard: {self.run_dir / 'tensorboard'}")
+        if self.checkpoint:
+            lines.append(f"checkpoint:  {self.checkpoint}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# One training step
+# --------------------------------------------------------------------------------------
+
+
+def training_step(run: Run, step: int) -> dict[str, float]:
+    cfg = run.cfg
+    seed_step(cfg.train.seed, step)
+    started = time.perf_counter()
+
+    # 1. The selector picks this step's questions and builds their prompts (variants included).
+    prompts = run.selector.select(step)
+
+    # 2-3. Roll out G responses per prompt and score them; the selector sees every scored
+    #      response, and a filtering selector (DAPO dynamic sampling) may ask for more prompts.
+    batch = collect_batch(run, prompts, step)
+    rollout_seconds = time.perf_counter() - started
+
+    # 4. Advantages from the estimator (one per response).
+    old_logp = old_logprobs(run, batch)
+    estimate = run.estimator.obj(advantage_inputs(run, batch, old_logp), run.cfg.algorithm.estimator.config)
+
+    # 5. Policy update over mini-batches.
+    update_metrics = policy_update(run, batch, estimate.advantages, old_logp)
+    run.scheduler.step()
+
+    # 6. Metrics.
+    metrics = {
+        **batch.metrics,
+        **group_diagnostics(batch.rewards, batch.rollout.prompt_index, cfg.reward.reward_max),
+        **{f"advantage/{k}": v for k, v in estimate.metrics.items()},
+        **advantage_stats(estimate.advantages),
+        **update_metrics,
+        "time/rollout_s": rollout_seconds,
+        "time/step_s": time.perf_counter() - started,
+        "lr": run.scheduler.get_last_lr()[0],
+    }
+    return metrics
+
+
+def seed_step(seed: int, step: int) -> None:
+    step_seed = (seed * 1_000_003 + step) % (2**31)
+    torch.manual_seed(step_seed)
+    np.random.seed(step_seed)
+    random.seed(step_seed)
+
+
+def needs_old_logprobs(run: Run) -> bool:
+    """A separate no-grad pass is needed unless the update is a single on-policy pass."""
+    tr = run.cfg.train
+    several_updates = tr.epochs_per_step > 1 or tr.mini_batch_size > 0
+    wants_seq_logprob = "seq_logprob" in getattr(run.estimator.obj, "requires", ())
+    return several_updates or wants_seq_logprob
+
+
+def old_logprobs(run: Run, batch: ScoredBatch) -> torch.Tensor | None:
+    if not needs_old_logprobs(run):
+        return None  # on-policy: the update uses the detached current log-probs
+    return batched_logprobs(run.policy, batch, run.cfg.train.micro_batch_size)
+
+
+def batched_logprobs(policy: Any, batch: ScoredBatch, micro: int) -> torch.Tensor:
+    n = batch.rollout.num_responses
+    rows = torch.arange(n)
+    with torch.no_grad():
+        chunks = [policy.logprobs(batch.rollout, r)[0] for r in rows.split(micro or n)]
+    return torch.cat(chunks)  # [N, T]
+
+
+def advantage_inputs(run: Run, batch: ScoredBatch, old_logp: torch.Tensor | None) -> AdvantageInputs:
+    rollout = batch.rollout
+    prompts = rollout.prompts
+    mask = rollout.response_mask
+    difficulty = None
+    if any(p.difficulty is not None for p in prompts):
+        per_prompt = torch.tensor([5.0 if p.difficulty is None else float(p.difficulty) for p in prompts])
+        difficulty = per_prompt[rollout.prompt_index]
+    seq_logprob = (old_logp * mask).sum(-1) if old_logp is not None else None
+    visual_entropy = None
+    if "visual_entropy" in getattr(run.estimator.obj, "requires", ()):
+        visual_entropy = prompt_visual_entropy(run, prompts)[rollout.prompt_index]
+    return AdvantageInputs(
+        rewards=batch.shaped_rewards,
+        prompt_ids=rollout.prompt_index,
+        question_ids=torch.tensor([p.question_id for p in prompts], dtype=torch.long)[rollout.prompt_index],
+        response_mask=mask,
+        difficulty=difficulty,
+        seq_logprob=seq_logprob,
+        visual_entropy=visual_entropy,
+        extras={"reward_max": run.cfg.reward.reward_max},
+    )
+
+
+def prompt_visual_entropy(run: Run, prompts) -> torch.Tensor:
+    """H(image) per prompt (Durian), computed once per distinct image and cached; 0 without images."""
+    from grpo_zoo.algorithms.durian import spectral_entropy
+    from grpo_zoo.policy import vision_patch_features
+
+    values = []
+    for prompt in prompts:
+        if not prompt.images:
+            values.append(0.0)
+            continue
+        key = _image_key(prompt.images[0])
+        if key not in run.visual_entropy_cache:
+            with torch.no_grad():
+                features = vision_patch_features(run.policy, [prompt.images[0]])[0]
+            run.visual_entropy_cache[key] = float(spectral_entropy(features.float()))
+        values.append(run.visual_entropy_cache[key])
+    return torch.tensor(values)
+
+
+def _image_key(image) -> str:
+    import hashlib
+
+    return hashlib.sha1(image.tobytes() + str(image.size).encode()).hexdigest()
+
+
+def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_logp: torch.Tensor | None) -> dict:
+    tr = run.cfg.train
+    rollout = batch.rollout
+    n = rollout.num_responses
+    mini = tr.mini_batch_size or n
+    micro = tr.micro_batch_size or mini
+    loss_cfg = run.cfg.algorithm.loss.config
+    shuffle = torch.Generator().manual_seed(tr.seed * 7919 + run.step)
+    ref_logp = batched_logprobs(run.ref_policy, batch, micro) if run.ref_policy is not None else None
+    sums: dict[str, float] = {}
+    count = 0
+    skipped = 0
+    grad_norms: list[float] = []
+    for _ in range(tr.epochs_per_step):
+        order = torch.randperm(n, generator=shuffle) if mini < n else torch.arange(n)
+        for mini_rows in order.split(mini):
+            run.optimizer.zero_grad(set_to_none=True)
+            for rows in mini_rows.split(micro):
+                logp, entropy = run.policy.logprobs(rollout, rows, with_entropy=True)
+                mask = rollout.response_mask[rows].to(logp.dtype)
+                inputs = LossInputs(
+                    logp=logp,
+                    old_logp=(old_logp[rows] if old_logp is not None else logp.detach()),
+                    advantages=advantages[rows].to(logp.dtype),
+                    mask=mask,
+                    ref_logp=ref_logp[rows] if ref_logp is not None else None,
+                    sampler_logp=rollout.sampler_logprobs[rows] if rollout.sampler_logprobs is not None else None,
+                    kl_coef=tr.kl_coef,
+                    kl_estimator=tr.kl_estimator,
+                    max_response_length=run.cfg.rollout.max_new_tokens,
+                    seed=tr.seed * 1_000_003 + run.step,
+                )
+                out = run.loss.obj(inputs, loss_cfg)
+                (out.loss * (len(rows) / len(mini_rows))).backward()
+                _accumulate(sums, {"loss": float(out.loss), **out.metrics, "entropy": masked_mean(entropy, mask)})
+                count += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(run.policy.parameters_for_training(), tr.grad_clip or float("inf"))
+            if not torch.isfinite(grad_norm):
+                skipped += 1  # a non-finite gradient never reaches the weights
+                run.optimizer.zero_grad(set_to_none=True)
+                log.warning("step %d: non-finite gradient norm, update skipped", run.step)
+                continue
+            grad_norms.append(float(grad_norm))
+            run.optimizer.step()
+    metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
+    metrics["train/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else float("nan")
+    metrics["train/skipped_updates"] = float(skipped)
+    return metrics
+
+
+def _accumulate(sums: dict[str, float], values: dict[str, float]) -> None:
+    for key, value in values.items():
+        sums[key] = sums.get(key, 0.0) + float(value)
+
+
+def advantage_stats(advantages: torch.Tensor) -> dict[str, float]:
+    return {
+        "advantage/mean": float(advantages.mean()),
+        "advantage/std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
+        "advantage/abs_mean": float(advantages.abs().mean()),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# The loop: eval, log, checkpoint, resume
+# --------------------------------------------------------------------------------------
+
+
+def make_run_dir(cfg: Config, recipe: str, output_dir: str | None) -> Path:
+    template = output_dir or cfg.output.dir
+    path = Path(template.format(recipe=recipe, time=time.strftime("%Y%m%d-%H%M%S"))).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_dir: str | None = None) -> TrainResult:
+    """Run a recipe to the end (or its CPU budget); resume from a run directory's latest checkpoint."""
+    import yaml
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    run_dir = Path(resume).expanduser() if resume else make_run_dir(cfg, recipe, output_dir)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise ConfigError(f"--resume {resume}: no complete checkpoint under {run_dir / 'checkpoints'}")
+    start_step = 0
+    state: dict[str, Any] = {}
+    if checkpoint is not None:
+        start_step, state = load_trainer_state(checkpoint)
+        cfg.model.path = str(checkpoint / "policy")
+        cfg.model.lora.enabled = False
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    print(f"grpo-zoo: run directory {run_dir}")
+    run = build_run(cfg, run_dir, resume_step=start_step if checkpoint is not None else None)
+    if checkpoint is not None:
+        restore(run, start_step, state)
+    try:
+        return loop(run, start_step)
+    finally:
+        run.close()
+
+
+def loop(run: Run, start_step: int) -> TrainResult:
+    cfg = run.cfg
+    result = TrainResult(run.run_dir, start_step)
+    result.first_eval = dict(run.counters.get("first_eval", {})) if isinstance(run.counters.get("first_eval"), dict) else {}
+    if start_step == 0 and cfg.eval.at_start and run.eval_pool:
+        result.first_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
+        run.logger.log(0, result.first_eval)
+        print(_format_eval(0, result.first_eval))
+    cpu_start = time.process_time() - float(run.counters.get("cpu_seconds", 0.0))
+    progress = _progress(cfg, start_step)
+    step = start_step
+    for step in range(start_step, cfg.train.steps):
+        run.step = step
+        if cfg.train.max_cpu_seconds and time.process_time() - cpu_start >= cfg.train.max_cpu_seconds:
+            print(f"grpo-zoo: CPU budget of {cfg.train.max_cpu_seconds:.0f} s reached after {step} steps")
+            break
+        metrics = training_step(run, step)
+        done = step + 1
+        metrics["time/cpu_s"] = time.process_time() - cpu_start
+        is_last = done == cfg.train.steps
+        if run.eval_pool and ((cfg.eval.every and done % cfg.eval.every == 0) or is_last):
+            eval_metrics = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
+            metrics.update(eval_metrics)
+            result.last_eval = eval_metrics
+            progress.write(_format_eval(done, eval_metrics))
+        run.logger.log(done, metrics, run.selector.histograms())
+        progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", egr=f"{metrics['groups/effective_gradient_ratio']:.2f}")
+        progress.update(1)
+        run.counters["cpu_seconds"] = metrics["time/cpu_s"]
+        if (cfg.output.checkpoint_every and done % cfg.output.checkpoint_every == 0) or is_last:
+            result.checkpoint = save_checkpoint(run.run_dir, done, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints)
+        result.steps = done
+    progress.close()
+    if not result.last_eval and run.eval_pool:
+        result.last_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
+        run.logger.log(result.steps, result.last_eval)
+    if result.checkpoint is None or not result.checkpoint.name.endswith(f"{result.steps:06d}"):
+        result.checkpoint = save_checkpoint(run.run_dir, result.steps, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints)
+    return result
+
+
+def trainer_state(run: Run, result: TrainResult) -> dict[str, Any]:
+    return {
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "selector": run.selector.state_dict(),
+        "counters": {k: v for k, v in run.counters.items() if k != "first_eval"},
+        "first_eval": result.first_eval,
+    }
+
+
+def restore(run: Run, step: int, state: dict[str, Any]) -> None:
+    optimizer_state = state["optimizer"]
+    optimizer_state["state"] = {int(k): v for k, v in optimizer_state["state"].items()}
+    run.optimizer.load_state_dict(optimizer_state)
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.selector.load_state_dict(state["selector"])
+    run.counters.update(state.get("counters", {}))
+    run.counters["first_eval"] = state.get("first_eval", {})
+    run.step = step
+
+
+def _progress(cfg: Config, start: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.train.steps, initial=start, disable=not cfg.output.progress, desc="train", unit="step")
+
+
+def _format_eval(step: int, metrics: dict[str, float]) -> str:
+    parts = [f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("eval/")]
+    return f"[eval @ step {step}] " + " ".join(parts)
