@@ -35,6 +35,8 @@ def dense_ids(ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     starts[1:] = ids[1:] != ids[:-1]
     run_of_row = torch.cumsum(starts.long(), 0) - 1  # [N] run index of each row
     run_values = ids[starts]  # [R]
+    if bool((run_values[1:] > run_values[:-1]).all()):  # sorted ids: the run index already is the label
+        return run_of_row, int(run_values.numel())
     uniq, run_label = torch.unique(run_values, return_inverse=True)  # [K], [R]
     return take(run_label, run_of_row), int(uniq.numel())
 
@@ -54,6 +56,19 @@ def group_mean(values: torch.Tensor, idx: torch.Tensor, k: int, count: torch.Ten
     """Mean of `values` [N] per group, float64 [K]; an empty group (no rows) gets 0."""
     count = group_count(idx, k) if count is None else count
     return group_sum(values, idx, k) / count.clamp_min(1.0)
+
+
+def group_mean_exact(
+    values: torch.Tensor, idx: torch.Tensor, k: int, count: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Group mean computed around the group minimum, float64 [K].
+
+    lo + mean(v - lo) equals the plain mean up to rounding, but a constant group gets exactly
+    its value back (v - lo is exactly 0), so r - mean is exactly 0 there in any dtype and a
+    later division by (std + eps) cannot blow an ulp up into a visible advantage.
+    """
+    lo = group_min(values, idx, k)  # [K]
+    return lo + group_mean(values.to(torch.float64) - take(lo, idx), idx, k, count)
 
 
 def group_std(

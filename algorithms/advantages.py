@@ -48,7 +48,7 @@ class LocalGroups:
         r = inputs.rewards.to(torch.float64)  # [N]
         idx, k = grp.dense_ids(inputs.prompt_ids)
         count = grp.group_count(idx, k)
-        return cls(r, idx, k, count, grp.group_mean(r, idx, k, count))
+        return cls(r, idx, k, count, grp.group_mean_exact(r, idx, k, count))
 
     def centred(self) -> torch.Tensor:  # [N] r_i - mean_local(i); exactly 0 for a group of one
         return self.rewards - grp.take(self.mean, self.idx)
@@ -178,8 +178,9 @@ def opo(inputs: AdvantageInputs, cfg: OPOConfig) -> AdvantageOutput:
     lg = LocalGroups.of(inputs)
     lengths = inputs.response_lengths.to(torch.float64)  # [N]
     len_sum = grp.group_sum(lengths, lg.idx, lg.k)  # [K]
-    weighted = grp.group_sum(lengths * lg.rewards, lg.idx, lg.k) / len_sum.clamp_min(1e-300)
-    baseline = torch.where(len_sum > 0, weighted, lg.mean)  # [K]
+    lo = grp.group_min(lg.rewards, lg.idx, lg.k)  # [K]; shifting by it keeps a constant group exactly 0
+    shifted = grp.group_sum(lengths * (lg.rewards - grp.take(lo, lg.idx)), lg.idx, lg.k)  # [K]
+    baseline = torch.where(len_sum > 0, lo + shifted / len_sum.clamp_min(1e-300), lg.mean)  # [K]
     adv = lg.rewards - grp.take(baseline, lg.idx)
     adv = torch.where(grp.take(lg.count, lg.idx) > 1, adv, torch.zeros_like(adv))
     return finish(adv, inputs, {"empty_group_share": float((len_sum == 0).double().mean())})

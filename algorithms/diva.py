@@ -74,7 +74,7 @@ class DIVAConfig:
 def grpo_in_groups(r: torch.Tensor, idx: torch.Tensor, k: int, eps: float) -> torch.Tensor:
     """(r - mean_g) / (Bessel std_g + eps) for float64 rewards [N] and dense group labels [N]."""
     count = grp.group_count(idx, k)
-    mean = grp.group_mean(r, idx, k, count)
+    mean = grp.group_mean_exact(r, idx, k, count)
     std = grp.group_std(r, idx, k, mean, count)
     return (r - grp.take(mean, idx)) / (grp.take(std, idx) + eps)
 

@@ -15,6 +15,7 @@ stopped, a process can be killed. Workers are started with 'spawn' (a fresh inte
 inherits sys.path), and find each function by its import path `module:qualname` or, failing
 that, by its registry name, so registry names, entry points and module-level functions of
 tests all work. num_workers=0 scores in the calling process without a time limit (debugging).
+As with any 'spawn' pool, a script that scores with workers needs `if __name__ == "__main__":`.
 """
 
 from __future__ import annotations
@@ -288,11 +289,17 @@ class RewardRunner:
         chunk = max(1, min(_MAX_CHUNK, math.ceil(len(jobs) / (4 * self.num_workers))))
         try:
             while pending or any(w.inflight for w in self._workers):
-                for w in self._workers:
+                for k, w in enumerate(self._workers):
                     if w.ready and not w.inflight and pending:
                         ids = [pending.popleft() for _ in range(min(chunk, len(pending)))]
-                        w.conn.send([(jobs[j][0], responses[jobs[j][1]], answers[jobs[j][1]], contexts[jobs[j][1]])
-                                     for j in ids])
+                        calls = [(jobs[j][0], responses[jobs[j][1]], answers[jobs[j][1]], contexts[jobs[j][1]])
+                                 for j in ids]
+                        try:
+                            w.conn.send(calls)
+                        except OSError:  # it died while idle: nothing of this batch is lost
+                            pending.extendleft(reversed(ids))
+                            self._replace(k, batch, jobs, pending, "error", "worker process died")
+                            continue
                         w.inflight.extend(ids)
                         w.deadline = time.monotonic() + self.timeout_s
                 self._collect(batch, jobs, pending)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 import textwrap
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
@@ -154,7 +155,7 @@ def perturb_image(
     for name in transforms:
         arr, details = _APPLY[name](arr, strength, rng)
         info.update(details)
-    return Image.fromarray(np.ascontiguousarray(arr), mode="RGB"), info
+    return Image.fromarray(np.ascontiguousarray(arr)), info
 
 
 # ---------------------------------------------------------------------------------------

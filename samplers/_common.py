@@ -8,7 +8,8 @@ run draws exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,9 @@ def index_of_questions(pool: Sequence[Question]) -> dict[int, int]:
     for pos, q in enumerate(pool):
         qid = int(q.question_id)
         if qid in index:
-            raise ValueError(f"pool: question_id {qid} appears twice (positions {index[qid]} and {pos}); ids must be unique")
+            raise ValueError(
+                f"pool: question_id {qid} appears twice (positions {index[qid]} and {pos}); ids must be unique"
+            )
         index[qid] = pos
     return index
 

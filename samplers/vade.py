@@ -17,13 +17,12 @@ when the engine calls update() several times in one step (dapo_filter refill rou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
-
-from grpo_zoo.registry import SELECTORS
 from grpo_zoo.samplers._common import (
     check_batch_size,
     check_pool_length,
@@ -34,6 +33,8 @@ from grpo_zoo.samplers._common import (
     seed_key,
     set_rng_state,
 )
+
+from grpo_zoo.registry import SELECTORS
 from grpo_zoo.types import Prompt, Question, StepFeedback
 
 OWNER = "selector 'vade'"

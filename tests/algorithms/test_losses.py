@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-
 from grpo_zoo.algorithms import extra_losses, loss_utils, losses, reward_shaping  # noqa: F401  (registration)
 from grpo_zoo.algorithms.loss_utils import aggregate, kl_penalty, sampler_mismatch, tis_weights, token_ratio
 from grpo_zoo.algorithms.losses import DAPOConfig, GSPOConfig, PPOClipConfig, gspo, ppo_clip
 from grpo_zoo.algorithms.reward_shaping import overlong_penalty
+
 from grpo_zoo.configuration import build
 from grpo_zoo.registry import LOSSES
 from grpo_zoo.types import LossInputs
@@ -367,9 +367,12 @@ def test_every_loss_config_builds_from_yaml_data(name):
     assert torch.isfinite(entry.obj(inputs, cfg).loss)
 
 
-# Gradient checks (float64, away from clip kinks): mostly via gradcheck; gspo's tight clip is
-# widened so the finite differences stay inside one branch.
+# Gradient checks (float64, away from clip kinks) by finite differences. gspo's tight clip is
+# widened so the differences stay inside one branch. cispo's weight is a stop-gradient of the
+# ratio, so its finite differences move old_logp and sampler_logp along with logp: the ratio
+# and TIS weights then stay fixed, which is exactly what the stop-gradient promises.
 GRADCHECK_CFG = {"gspo": {"eps_low": 0.5, "eps_high": 0.5}}
+FROZEN_RATIO = {"cispo"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -377,7 +380,7 @@ GRADCHECK_CFG = {"gspo": {"eps_low": 0.5, "eps_high": 0.5}}
 def test_every_loss_gradcheck(name, with_extras):
     base = random_inputs(n=3, length=4, seed=11, spread=0.05)
     base.mask[-1, :2] = 1  # give the last row two tokens so every row type is exercised
-    logp0 = base.logp.detach().masked_fill(base.mask == 0, 0.0)
+    logp0 = base.old_logp + 0.05 * torch.randn(base.old_logp.shape, generator=torch.Generator().manual_seed(1), dtype=D)
     entry = LOSSES.get(name)
     cfg = entry.config_cls(**GRADCHECK_CFG.get(name, {}), tis_cap=2.0 if with_extras else None)
     extras = {}
@@ -385,7 +388,12 @@ def test_every_loss_gradcheck(name, with_extras):
         extras = {"ref_logp": base.old_logp - 0.3, "sampler_logp": base.old_logp + 0.2, "kl_coef": 0.1}
 
     def f(logp):
-        inputs = LossInputs(logp=logp, old_logp=base.old_logp, advantages=base.advantages, mask=base.mask, **extras)
+        old, kw = base.old_logp, dict(extras)
+        if name in FROZEN_RATIO:
+            old = logp - (logp0 - base.old_logp)  # same ratio at every probe; detached inside the loss
+            if with_extras:
+                kw["sampler_logp"] = old + 0.2
+        inputs = LossInputs(logp=logp, old_logp=old, advantages=base.advantages, mask=base.mask, **kw)
         return entry.obj(inputs, cfg).loss
 
     assert torch.autograd.gradcheck(f, (logp0.clone().requires_grad_(),), eps=1e-6, atol=1e-7)
