@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
 from grpo_zoo.algorithms import _groups as grp
 from grpo_zoo.algorithms.advantages import check_eps, finish
-
 from grpo_zoo.registry import ESTIMATORS
 from grpo_zoo.types import AdvantageInputs, AdvantageOutput
 

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from grpo_zoo.algorithms import _groups as grp
 from grpo_zoo.algorithms.advantages import LocalGroups, check_eps, finish
-
 from grpo_zoo.registry import ESTIMATORS
 from grpo_zoo.types import AdvantageInputs, AdvantageOutput
 
@@ -95,8 +95,8 @@ def perceptual_groups(inputs: AdvantageInputs, lg: LocalGroups) -> tuple[torch.T
             "AdvantageInputs.visual_entropy must be the same for every response of one prompt (it is the "
             "prompt image's entropy); compute it once per prompt and repeat it over the prompt's G rows"
         )
-    q25, q75 = torch.quantile(h_max, torch.tensor([0.25, 0.75], dtype=torch.float64)).tolist()
-    groups = torch.ones(lg.k, dtype=torch.long)
+    q25, q75 = torch.quantile(h_max, torch.tensor([0.25, 0.75], dtype=torch.float64, device=ve.device)).tolist()
+    groups = torch.ones(lg.k, dtype=torch.long, device=ve.device)
     groups[h_max >= q75] = 2
     groups[h_max <= q25] = 0  # wins ties: with every H equal all prompts share one group
     return groups, {"percep_q25": q25, "percep_q75": q75}
@@ -114,7 +114,7 @@ def reasoning_groups(inputs: AdvantageInputs, lg: LocalGroups, cfg: DurianConfig
     conf = grp.group_mean(s, lg.idx, lg.k, lg.count)  # [K]
     order = torch.sort(conf, stable=True).indices  # [K]
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(lg.k)
+    rank[order] = torch.arange(lg.k, device=order.device)
     return rank * cfg.bins // lg.k, cfg.bins
 
 

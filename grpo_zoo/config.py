@@ -156,7 +156,11 @@ class TestbedConfig:
     seed: int = 0
     warmup_steps: int = 400
     warmup_batch_size: int = 32
-    warmup_lr: float = 1e-3
+    warmup_lr: float = 1e-3  # 2e-3 did not learn in the feasibility probe
+    warmup_lr_min: float = 1e-4  # the cosine schedule ends here
+    warmup_grad_clip: float = 1.0
+    warmup_hint_share: float = 0.25  # share of warm-up prompts shown with 1..all solution steps as a hint
+    warmup_paraphrase_share: float = 0.25  # share shown as a paraphrase (same difficulty as the original)
     cache_dir: str = "~/.cache/grpo_zoo/testbed"
 
 

@@ -70,6 +70,8 @@ def build(cls: type, data: Any, where: str = "") -> Any:
             kwargs[name] = build_plugin(registry, data.get(name, f.default), key)
         elif name in data:
             kwargs[name] = _coerce(hints[name], data[name], key)
+        elif dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = build(hints[name], {}, key)  # so plug-in defaults inside resolve too
     try:
         obj = cls(**kwargs)
     except (ValueError, TypeError) as exc:  # a __post_init__ check in the dataclass

@@ -91,9 +91,9 @@ class Registry(Generic[T]):
         """Import the built-in modules and every installed entry point, once."""
         if self._loaded:
             return
-        self._loaded = True
         for module in self._builtin_modules:
             importlib.import_module(module)
+        self._loaded = True
         for ep in entry_points(group=self.entry_point_group):
             if ep.name in self._entries:
                 continue

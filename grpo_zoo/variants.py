@@ -172,37 +172,60 @@ def _wrap(text: str, font: Any, width_px: int) -> list[str]:
     return lines
 
 
+def _text_block(lines: list[str], font: Any, width: int, line_h: int) -> Image.Image:
+    block = Image.new("RGB", (width, line_h * len(lines) + 4), (255, 255, 255))
+    draw = ImageDraw.Draw(block)
+    for i, line in enumerate(lines):
+        draw.text((2, 2 + i * line_h), line, fill=(0, 0, 0), font=font)
+    return block
+
+
+def _fit(image: Image.Image, width: int, height: int) -> Image.Image:
+    """`image` scaled (aspect kept) into width x height, centred on white."""
+    scale = min(width / image.width, height / image.height)
+    fitted = image.resize(
+        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.Resampling.LANCZOS
+    )
+    out = Image.new("RGB", (width, height), (255, 255, 255))
+    out.paste(fitted, ((width - fitted.width) // 2, (height - fitted.height) // 2))
+    return out
+
+
 def render_only_vision(problem: str, image: Image.Image | None, size: tuple[int, int]) -> tuple[Image.Image, str]:
     """Render the question text under the image (PIL's default font) and point the prompt at it.
 
-    The composition (image on top, wrapped text below, white background) is letterboxed into
-    exactly `size` = (width, height). `<image>` tags are dropped from the rendered text. With
-    no image, the text alone is rendered. Returns (new RGB image, ONLY_VISION_PROMPT).
+    The result is exactly `size` = (width, height), white background. The text is wrapped at
+    the target width in the font's own size, so it stays legible, and the picture is scaled
+    into the space above it; when the text would need more than 70% of the height, the whole
+    composition is laid out wider and scaled down instead. `<image>` tags are dropped from the
+    rendered text; with no image the text alone is rendered. Returns (image, ONLY_VISION_PROMPT).
     """
     width, height = int(size[0]), int(size[1])
     if width < 1 or height < 1:
         raise ValueError(f"render_only_vision: size must be positive (width, height), got {size}")
     text = re.sub(r"[ \t]+", " ", problem.replace("<image>", " ")).strip()
     font = ImageFont.load_default()
+    box = font.getbbox("Ag")
+    line_h = int(box[3] - min(box[1], 0)) + 2
     top = image.convert("RGB") if image is not None else None
-    canvas_w = max(top.width if top is not None else 0, 200)
-    lines = _wrap(text, font, canvas_w - 8)
-    ascent_box = font.getbbox("Ag")
-    line_h = int(ascent_box[3] - min(ascent_box[1], 0)) + 3
+    lines = _wrap(text, font, width - 4)
+    block = _text_block(lines, font, width, line_h)
+    if top is None and block.height <= height:
+        return _fit(block, width, height), ONLY_VISION_PROMPT
+    if top is not None and block.height <= 0.7 * height:
+        out = Image.new("RGB", (width, height), (255, 255, 255))
+        out.paste(_fit(top, width, height - block.height), (0, 0))
+        out.paste(block, (0, height - block.height))
+        return out, ONLY_VISION_PROMPT
+    # Too much text for the canvas: lay it out at a wider natural size and scale everything down.
+    canvas_w = max(top.width if top is not None else 0, 2 * width, 200)
+    block = _text_block(_wrap(text, font, canvas_w - 4), font, canvas_w, line_h)
     top_h = top.height if top is not None else 0
-    canvas = Image.new("RGB", (canvas_w, top_h + 6 + line_h * len(lines) + 4), (255, 255, 255))
+    canvas = Image.new("RGB", (canvas_w, top_h + block.height), (255, 255, 255))
     if top is not None:
         canvas.paste(top, ((canvas_w - top.width) // 2, 0))
-    draw = ImageDraw.Draw(canvas)
-    for i, line in enumerate(lines):
-        draw.text((4, top_h + 6 + i * line_h), line, fill=(0, 0, 0), font=font)
-    scale = min(width / canvas.width, height / canvas.height)
-    fitted = canvas.resize(
-        (max(1, round(canvas.width * scale)), max(1, round(canvas.height * scale))), Image.Resampling.LANCZOS
-    )
-    out = Image.new("RGB", (width, height), (255, 255, 255))
-    out.paste(fitted, ((width - fitted.width) // 2, (height - fitted.height) // 2))
-    return out, ONLY_VISION_PROMPT
+    canvas.paste(block, (0, top_h))
+    return _fit(canvas, width, height), ONLY_VISION_PROMPT
 
 
 __all__ = [

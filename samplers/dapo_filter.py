@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from grpo_zoo.samplers._common import check_feedback, feedback_signal
 
 from grpo_zoo.configuration import PluginSpec, build_plugin, plugin
 from grpo_zoo.registry import SELECTORS
+from grpo_zoo.samplers._common import check_feedback, feedback_signal
 from grpo_zoo.types import Prompt, Question, StepFeedback
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class DapoFilterSelector:
         self.kept = 0
         self.groups_seen = 0
         self.groups_mixed = 0
+        self.exhausted = False  # this step ended (or will end) without a full batch
 
     def select(self, step: int) -> list[Prompt]:
         prompts = self.inner.select(step)
@@ -109,17 +110,30 @@ class DapoFilterSelector:
         return prompts
 
     def update(self, feedback: StepFeedback) -> dict[str, float]:
-        """The inner selector learns from every response, kept or not; plus the filter's counters."""
+        """The inner selector learns from every response, kept or not; plus the filter's counters.
+
+        An exhaustion that this round makes certain (last allowed round, batch still short) is
+        counted here already, so the metrics the engine logs for this step include it.
+        """
         metrics = dict(self.inner.update(feedback))
         check_feedback(OWNER, feedback)
         mixed = mixed_groups(feedback, self.cfg.metric, self.cfg.atol)
         self.groups_seen += int(mixed.numel())
         self.groups_mixed += int(mixed.sum())
+        short = self.kept + int(mixed.sum()) < self.target
+        if short and self.gen_batches >= self.cfg.max_gen_batches and self.cfg.on_exhausted == "partial":
+            self._count_exhausted()
         metrics["dapo/pass_rate"] = self.groups_mixed / max(self.groups_seen, 1)
         metrics["dapo/gen_batches"] = float(self.gen_batches)
         metrics["dapo/extra_generation_share"] = self.generated / max(self.target, 1) - 1.0
+        metrics["dapo/exhausted"] = float(self.exhausted)
         metrics["dapo/exhausted_total"] = float(self.exhausted_total)
         return metrics
+
+    def _count_exhausted(self) -> None:
+        if not self.exhausted:
+            self.exhausted = True
+            self.exhausted_total += 1
 
     def filter(self, feedback: StepFeedback) -> torch.Tensor:  # [B] bool
         keep = mixed_groups(feedback, self.cfg.metric, self.cfg.atol)
@@ -158,7 +172,7 @@ class DapoFilterSelector:
                 f"{what}. Raise algorithm.selector.max_gen_batches, set algorithm.selector.on_exhausted: partial "
                 f"to train on the kept groups, raise rollout.group_size, or use data closer to the model's level."
             )
-        self.exhausted_total += 1
+        self._count_exhausted()
         log.warning(
             "%s; training on the partial batch (on_exhausted: partial, %d time(s) so far)", what, self.exhausted_total
         )

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from grpo_zoo.registry import SELECTORS
 from grpo_zoo.samplers import _diva_plan as plan
 from grpo_zoo.samplers._common import (
     EpochOrder,
@@ -30,8 +32,6 @@ from grpo_zoo.samplers._common import (
     original_prompt,
     per_question,
 )
-
-from grpo_zoo.registry import SELECTORS
 from grpo_zoo.types import Prompt, Question, StepFeedback
 from grpo_zoo.variants import TRANSFORMS, add_hint, perturb_image, render_only_vision, rotation_note
 
@@ -263,11 +263,13 @@ class DivaSelector:
         self.totals = Counter({str(k): int(v) for k, v in state["totals"].items()})
 
     def histograms(self) -> dict[str, Any]:
-        return {
+        """D of every question seen so far, of the whole pool, and the last variants' shifts (empty ones left out)."""
+        hists = {
             "diva/difficulty": self.difficulty[self.visits > 0].copy(),
             "diva/difficulty_all": self.difficulty.copy(),
             "diva/variant_shift": self.last_shifts.copy(),
         }
+        return {k: v for k, v in hists.items() if v.size}
 
 
 def keep_image_tags(text: str, q: Question) -> str:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from grpo_zoo.samplers._common import EpochOrder, check_batch_size, original_prompt
 
 from grpo_zoo.registry import SELECTORS
+from grpo_zoo.samplers._common import EpochOrder, check_batch_size, original_prompt
 from grpo_zoo.types import Prompt, Question, StepFeedback
 
 

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from grpo_zoo.registry import SELECTORS
 from grpo_zoo.samplers._common import (
     check_batch_size,
     check_pool_length,
@@ -33,8 +35,6 @@ from grpo_zoo.samplers._common import (
     seed_key,
     set_rng_state,
 )
-
-from grpo_zoo.registry import SELECTORS
 from grpo_zoo.types import Prompt, Question, StepFeedback
 
 OWNER = "selector 'vade'"

@@ -1,0 +1,192 @@
+"""The testbed base model: the tiny VLM after a short, cached, deterministic supervised warm-up.
+
+ARCHITECTURE.md ("Measured on this kind of machine"): RL needs a base that already samples
+right *and* wrong answers to the same question, and DIVA's variants must behave as they do
+for an instruct model. So the warm-up teaches, with teacher forcing (loss on response tokens
+only), the *imperfect* demonstrations of `task.demonstration` (count errors growing with the
+number of shapes, arithmetic slips), on original prompts mixed with paraphrased prompts
+(equally hard) and hinted prompts (`variants.add_hint`; the demonstration copies the hinted
+steps, so hints make questions easier) — as an instruct model's pre-training would have
+shown it. AdamW, lr cosine from `warmup_lr` to `warmup_lr_min`, grad clip, batch 32.
+
+The result is cached under `cache_dir` keyed by a hash of every setting, the model sizes,
+the library versions and the source of the code that shapes it; it is written atomically
+(temp dir + rename), so an interrupted warm-up never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from grpo_zoo.config import TestbedConfig
+from grpo_zoo.types import Prompt, Question, RolloutBatch
+
+WARMUP_FORMAT = 1  # bump to invalidate every cached warm-up when the recipe changes in spirit
+DONE_FILE = "warmup.json"  # written last: its presence marks a complete model directory
+
+
+def _code_files() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    package = here.parent
+    return [here / "task.py", here / "tokenizer.py", here / "tiny_model.py", here / "warmup.py",
+            package / "variants.py", package / "policy.py", package / "hf_compat.py"]
+
+
+def cache_key(cfg: TestbedConfig) -> str:
+    """Hash of everything that changes the warm-up result (not cache_dir, not eval_questions)."""
+    import transformers
+
+    from grpo_zoo.testbed.tiny_model import TinyVLMSpec
+
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "eval_questions")}
+    payload = {
+        "format": WARMUP_FORMAT,
+        "settings": settings,
+        "spec": asdict(TinyVLMSpec()),
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "code": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in _code_files() if p.exists()},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def ensure_testbed_model(cfg: TestbedConfig, log: Callable[[str], None] = print) -> Path:
+    """The warmed-up testbed model directory: from the cache, or built, trained and cached now.
+
+    Returns:
+        A directory `Policy.from_pretrained` loads; `warmup.json` in it records the settings,
+        the loss curve and the time the warm-up took.
+    """
+    _check(cfg)
+    root = Path(cfg.cache_dir).expanduser()
+    final = root / f"tiny-vlm-{cache_key(cfg)}"
+    if (final / DONE_FILE).is_file():
+        log(f"testbed: using the cached warmed-up model {final}")
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".warmup-", dir=root))
+    try:
+        report = _build_and_train(cfg, tmp / "model", log)
+        (tmp / "model" / DONE_FILE).write_text(json.dumps(report, indent=1))
+        if final.exists() and not (final / DONE_FILE).is_file():
+            shutil.rmtree(final)  # a leftover without its marker is not a model
+        try:
+            (tmp / "model").rename(final)
+        except OSError:
+            if not (final / DONE_FILE).is_file():  # another process finished first: use theirs
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"testbed: warmed-up model cached at {final}")
+    return final
+
+
+def _check(cfg: TestbedConfig) -> None:
+    if cfg.warmup_steps < 0 or cfg.warmup_batch_size < 1:
+        raise ValueError("testbed.warmup_steps must be >= 0 and testbed.warmup_batch_size >= 1")
+    if not 0 < cfg.warmup_lr_min <= cfg.warmup_lr:
+        raise ValueError(f"testbed.warmup_lr_min must be in (0, warmup_lr = {cfg.warmup_lr}], got {cfg.warmup_lr_min}")
+    shares = cfg.warmup_hint_share + cfg.warmup_paraphrase_share
+    if min(cfg.warmup_hint_share, cfg.warmup_paraphrase_share) < 0 or shares > 1:
+        raise ValueError("testbed.warmup_hint_share and warmup_paraphrase_share must be >= 0 and sum to <= 1")
+    if cfg.train_questions < 1:
+        raise ValueError("testbed.train_questions must be >= 1")
+
+
+def warmup_example(question: Question, rng: random.Random, cfg: TestbedConfig) -> tuple[Prompt, str]:
+    """One (prompt, target) pair: original, paraphrased or hinted prompt + an imperfect demonstration."""
+    from grpo_zoo.testbed import task
+    from grpo_zoo.variants import add_hint
+
+    draw = rng.random()
+    problem, variant, shown = question.problem, "original", 0
+    if draw < cfg.warmup_hint_share and question.hint_steps:
+        shown = rng.randint(1, len(question.hint_steps))
+        problem, variant = add_hint(question.problem, question.hint_steps, shown), "hint"
+    elif draw < cfg.warmup_hint_share + cfg.warmup_paraphrase_share and question.paraphrases:
+        problem, variant = rng.choice(question.paraphrases), "paraphrase"
+    target = task.demonstration(question, rng, hint_steps_shown=shown, paraphrased=variant == "paraphrase")
+    prompt = Prompt(question.question_id, problem, question.answer, list(question.images), variant=variant)
+    return prompt, target
+
+
+def teacher_forcing_batch(policy, prompts: list[Prompt], targets: list[str]) -> RolloutBatch:
+    """The targets as a RolloutBatch (one row per prompt, EOS appended), for `policy.logprobs`."""
+    encoded = policy.encode(prompts)
+    eos = policy.eos_token_ids[0]
+    rows = [policy.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in targets]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), policy.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1.0
+    return RolloutBatch(
+        prompts=prompts,
+        prompt_index=torch.arange(len(prompts)),
+        response_ids=ids,
+        response_mask=mask,
+        response_texts=list(targets),
+        extras={"prompt_token_ids": encoded.token_ids, "prompt_model_inputs": encoded.model_inputs},
+    )
+
+
+def _lr_at(step: int, cfg: TestbedConfig) -> float:
+    """Cosine from warmup_lr to warmup_lr_min over warmup_steps."""
+    progress = step / max(1, cfg.warmup_steps - 1)
+    return cfg.warmup_lr_min + 0.5 * (cfg.warmup_lr - cfg.warmup_lr_min) * (1 + math.cos(math.pi * progress))
+
+
+def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) -> dict:
+    from grpo_zoo.policy import Policy
+    from grpo_zoo.testbed import task
+    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
+
+    log(f"testbed: building the tiny VLM (seed {cfg.seed}) and warming it up for {cfg.warmup_steps} steps "
+        f"of {cfg.warmup_batch_size} (cached after this run)")
+    build_tiny_vlm(out, seed=cfg.seed)
+    policy = Policy.from_pretrained(str(out))
+    questions = task.make_questions("train", cfg.train_questions, cfg.seed)
+    rng = random.Random(f"grpo_zoo.warmup:{cfg.seed}")
+    optimizer = torch.optim.AdamW(policy.parameters_for_training(), lr=cfg.warmup_lr, weight_decay=0.0)
+    policy.model.train()
+    losses: list[float] = []
+    start_wall, start_cpu = time.time(), time.process_time()
+    every = max(1, cfg.warmup_steps // 10)
+    for step in range(cfg.warmup_steps):
+        pairs = [warmup_example(rng.choice(questions), rng, cfg) for _ in range(cfg.warmup_batch_size)]
+        batch = teacher_forcing_batch(policy, [p for p, _ in pairs], [t for _, t in pairs])
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        logp, _ = policy.logprobs(batch, torch.arange(len(pairs)))
+        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()  # mean NLL per response token
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters_for_training(), cfg.warmup_grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % every == 0 or step + 1 == cfg.warmup_steps:
+            recent = sum(losses[-every:]) / len(losses[-every:])
+            log(f"testbed warm-up: step {step + 1}/{cfg.warmup_steps}  loss {recent:.3f}  "
+                f"{time.time() - start_wall:.0f}s")
+    policy.model.eval()
+    policy.save(out)
+    return {
+        "settings": asdict(cfg),
+        "cache_key": cache_key(cfg),
+        "loss_curve": losses,
+        "wall_seconds": time.time() - start_wall,
+        "cpu_seconds": time.process_time() - start_cpu,
+        "torch_threads": torch.get_num_threads(),
+    }
