@@ -96,7 +96,7 @@ class LitePPOConfig(GRPOConfig):
 
 @ESTIMATORS.register("grpo", config=GRPOConfig, description="GRPO: (r - local mean) / (local or batch std + eps)")
 def grpo(inputs: AdvantageInputs, cfg: GRPOConfig) -> AdvantageOutput:
-    """GRPO advantage A_i = (r_i - mean_local) / (std + eps) (arXiv 2402.03300, Eq. in sec. 4.1.2).
+    """GRPO advantage A_i = (r_i - mean_local) / (std + eps) (DeepSeekMath, arXiv 2402.03300, outcome supervision).
 
     std is the local group's Bessel std (scale="group"), the Bessel std of all N rewards
     (scale="batch", TRL's scale_rewards="batch"), or 1 without eps (scale="none").
@@ -135,7 +135,7 @@ class DrGRPOConfig:
 
 @ESTIMATORS.register("dr_grpo", config=DrGRPOConfig, description="Dr.GRPO: r - local mean, no std")
 def dr_grpo(inputs: AdvantageInputs, cfg: DrGRPOConfig) -> AdvantageOutput:
-    """Dr.GRPO advantage A_i = r_i - mean_local (arXiv 2503.20783, Eq. 3: GRPO without the std).
+    """Dr.GRPO advantage A_i = r_i - mean_local (arXiv 2503.20783: GRPO without the std).
 
     A group of one response gives 0.
     """
@@ -150,7 +150,7 @@ class RLOOConfig:
 
 @ESTIMATORS.register("rloo", config=RLOOConfig, description="RLOO: r - mean of the other G-1 rewards")
 def rloo(inputs: AdvantageInputs, cfg: RLOOConfig) -> AdvantageOutput:
-    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv 2402.14740, Eq. 6).
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv 2402.14740).
 
     A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_local), with G the size of the row's
     own local group (groups may differ in size). G = 1 has no "others": A = 0.
@@ -168,7 +168,7 @@ class OPOConfig:
 
 @ESTIMATORS.register("opo", config=OPOConfig, description="OPO: r - length-weighted local mean")
 def opo(inputs: AdvantageInputs, cfg: OPOConfig) -> AdvantageOutput:
-    """On-Policy RL with Optimal reward baseline (arXiv 2505.23585, sec. 3.2).
+    """On-Policy RL with Optimal reward baseline (arXiv 2505.23585).
 
     b = sum_j len_j r_j / sum_j len_j over the local group; A_i = r_i - b. len_j counts the
     valid tokens of response j. A group whose responses all have length 0 falls back to the
@@ -208,7 +208,7 @@ class ReinforcePPBaselineConfig:
     description="REINFORCE++-baseline: r - local mean, whitened over all valid tokens",
 )
 def reinforce_pp_baseline(inputs: AdvantageInputs, cfg: ReinforcePPBaselineConfig) -> AdvantageOutput:
-    """REINFORCE++-baseline (arXiv 2501.03262, sec. 3): x_i = r_i - mean_local, then whitening
+    """REINFORCE++-baseline (arXiv 2501.03262): x_i = r_i - mean_local, then whitening
     (x - mu) / sqrt(var + eps) over every valid token of the batch.
 
     Each response counts once per valid token (its advantage is the same on all of them), so

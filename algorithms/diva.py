@@ -129,7 +129,7 @@ def difficulty_metrics(d: torch.Tensor | None) -> dict[str, float]:
 
 @ESTIMATORS.register("diva", config=DIVAConfig, description="DIVA-GRPO: difficulty-weighted local + global GRPO")
 def diva(inputs: AdvantageInputs, cfg: DIVAConfig) -> AdvantageOutput:
-    """DIVA-GRPO advantage (arXiv 2603.01106, sec. 3.3; steps a-e in the module docstring).
+    """DIVA-GRPO advantage (arXiv 2603.01106; steps a-e in the module docstring).
 
     Difficulty D_i comes from `inputs.difficulty` [N]; Dbar_q is the mean D over the rows of
     the same question. When difficulty is None every D is equal, so every weight is 1 (the

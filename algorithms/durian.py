@@ -122,7 +122,7 @@ def reasoning_groups(inputs: AdvantageInputs, lg: LocalGroups, cfg: DurianConfig
     "durian", config=DurianConfig, description="Durian: GRPO + difficulty-group shared-std advantages"
 )
 def durian(inputs: AdvantageInputs, cfg: DurianConfig) -> AdvantageOutput:
-    """Durian advantage (arXiv 2602.21743, sec. 3): a weighted sum of GRPO and shared-std
+    """Durian advantage (arXiv 2602.21743): a weighted sum of GRPO and shared-std
     advantages over perceptual and reasoning difficulty groups of the whole batch.
 
     visual_entropy [N] (the prompt's H, equal over its rows) drives the perceptual view;
@@ -155,3 +155,7 @@ def durian(inputs: AdvantageInputs, cfg: DurianConfig) -> AdvantageOutput:
         metrics[f"weight_{name}"] = w / total
         metrics[f"abs_adv_{name}"] = float(a.abs().mean())
     return finish(adv, inputs, metrics)
+
+
+# The engine computes these optional AdvantageInputs fields only for estimators that ask.
+durian.requires = ("seq_logprob", "visual_entropy")

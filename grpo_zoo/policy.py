@@ -145,14 +145,14 @@ class Policy:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
         from transformers.utils import logging as hf_logging
 
+        if dtype not in DTYPES:
+            raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got '{dtype}'")
         directory = Path(path).expanduser()
         if not (directory / "config.json").is_file():
             raise ValueError(
                 f"model.path '{path}' is not a local model directory (no config.json); grpo_zoo never downloads, "
                 "so download the checkpoint first or use `testbed`"
             )
-        if dtype not in DTYPES:
-            raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got '{dtype}'")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         config = json.loads((directory / "config.json").read_text())
@@ -289,20 +289,18 @@ class Policy:
         b = len(encoded)
         prompt_index = torch.arange(b).repeat_interleave(group_size)  # [N]
         batch = self._batch(encoded.token_ids, encoded.model_inputs, prompt_index.tolist())
+        # Every knob that reshapes the distribution is pinned (a checkpoint's own defaults, e.g.
+        # Qwen's top_k=1 and repetition_penalty=1.05, would otherwise fill the unset ones).
+        shaping: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "num_beams": 1}
+        if not greedy:
+            shaping.update(temperature=float(temperature), top_p=float(top_p), top_k=0, min_p=0.0, typical_p=1.0)
         gen_config = GenerationConfig(
             do_sample=not greedy,
-            temperature=float(temperature) if not greedy else 1.0,
-            top_p=float(top_p) if not greedy else 1.0,
-            top_k=0,
-            min_p=None,
-            typical_p=1.0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            num_beams=1,
             max_new_tokens=max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             suppress_tokens=self.suppressed_token_ids or None,
+            **shaping,
         )
         sequences = self.model.generate(**batch, generation_config=gen_config)
         response = sequences[:, batch["input_ids"].shape[1]:].cpu()  # [N, T']
@@ -429,7 +427,7 @@ class Policy:
                 if int(i) not in ids:
                     ids.append(int(i))
         if not ids:
-            raise ValueError("the model has no EOS token (tokenizer.eos_token and generation_config.eos_token_id unset)")
+            raise ValueError("the model has no EOS token: set tokenizer.eos_token or generation_config.eos_token_id")
         return ids
 
     def _suppressed_ids(self) -> list[int]:
@@ -467,9 +465,8 @@ def vision_patch_features(policy: Policy, images: Sequence[Image.Image]) -> list
     out = policy.processor.image_processor(images=list(images), return_tensors="pt")
     model = policy._base_model()
     dtype = next(model.parameters()).dtype
-    features = model.get_image_features(
-        pixel_values=out["pixel_values"].to(policy.device, dtype), image_grid_thw=out["image_grid_thw"].to(policy.device)
-    )
+    pixels, grids = out["pixel_values"].to(policy.device, dtype), out["image_grid_thw"].to(policy.device)
+    features = model.get_image_features(pixel_values=pixels, image_grid_thw=grids)
     per_image = getattr(features, "pooler_output", features)
     return [f.float().cpu() for f in per_image]
 

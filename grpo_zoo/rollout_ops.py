@@ -47,11 +47,26 @@ def rollout_and_score(run: Run, prompts: list[Prompt], step: int) -> ScoredBatch
 
         lengths = rollout.response_mask.sum(-1)
         shaped = shaped + overlong_penalty(lengths, cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer)
-    return ScoredBatch(rollout, result.overall, result.accuracy, shaped, dict(result.metrics))
+    return ScoredBatch(rollout, result.overall, result.accuracy, shaped, reward_metrics(result.metrics))
 
 
-def collect_batch(run: Run, prompts: list[Prompt], step: int) -> ScoredBatch:
-    """Roll out `prompts`; while the selector refills (dynamic sampling), roll out more."""
+def reward_metrics(raw: dict[str, float]) -> dict[str, float]:
+    """The reward runner's counters under `reward/`, its timing under `time/`."""
+    out = {}
+    for key, value in raw.items():
+        if key == "reward_seconds":
+            out["time/reward_s"] = value
+        else:
+            out["reward/" + key.removeprefix("reward_")] = value
+    return out
+
+
+def collect_batch(run: Run, prompts: list[Prompt], step: int) -> tuple[ScoredBatch | None, dict[str, float]]:
+    """Roll out `prompts`; while the selector refills (dynamic sampling), roll out more.
+
+    Returns the kept responses (None when a filtering selector kept none) and the metrics of
+    everything generated.
+    """
     kept: list[ScoredBatch] = []
     kept_prompts = 0
     rounds = 0
@@ -77,18 +92,17 @@ def collect_batch(run: Run, prompts: list[Prompt], step: int) -> ScoredBatch:
         kept_prompts += int(keep.sum())
         rounds += 1
         prompts = run.selector.refill(step, kept_prompts, rounds)
+    metrics = {f"selector/{k}": v for k, v in selector_metrics.items()}
+    metrics.update({"rollout/generated": float(generated), "rollout/rounds": float(rounds)})
     if not kept:
-        raise RuntimeError(
-            f"step {step}: the selector kept no prompt of {rounds} rollout round(s); "
-            "with dynamic sampling, raise max_gen_batches or use on_exhausted: partial"
-        )
+        return None, metrics
     batch = kept[0] if len(kept) == 1 else concat_batches(kept)
-    batch.metrics.update({f"selector/{k}": v for k, v in selector_metrics.items()})
-    batch.metrics.update(batch_metrics(batch, generated, rounds))
-    return batch
+    metrics.update(batch.metrics)
+    metrics.update(batch_metrics(batch))
+    return batch, metrics
 
 
-def batch_metrics(batch: ScoredBatch, generated: int, rounds: int) -> dict[str, float]:
+def batch_metrics(batch: ScoredBatch) -> dict[str, float]:
     lengths = batch.rollout.response_mask.sum(-1).float()
     kinds: dict[str, int] = {}
     for prompt in batch.rollout.prompts:
@@ -100,8 +114,6 @@ def batch_metrics(batch: ScoredBatch, generated: int, rounds: int) -> dict[str, 
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         "rollout/responses": float(batch.rollout.num_responses),
-        "rollout/generated": float(generated),
-        "rollout/rounds": float(rounds),
     }
     total = len(batch.rollout.prompts)
     metrics.update({f"prompts/share_{kind}": count / total for kind, count in kinds.items()})

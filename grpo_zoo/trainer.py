@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,15 @@ def training_step(run: Run, step: int) -> dict[str, float]:
 
     # 2-3. Roll out G responses per prompt and score them; the selector sees every scored
     #      response, and a filtering selector (DAPO dynamic sampling) may ask for more prompts.
-    batch = collect_batch(run, prompts, step)
+    batch, rollout_metrics = collect_batch(run, prompts, step)
     rollout_seconds = time.perf_counter() - started
+    if batch is None:  # a filtering selector kept nothing: no update this step (counted)
+        run.counters["skipped_steps"] = run.counters.get("skipped_steps", 0) + 1
+        log.warning("step %d: the selector kept no group; no update (%d such steps so far)", step, run.counters["skipped_steps"])
+        with warnings.catch_warnings():  # the schedule follows training steps, updated or not
+            warnings.simplefilter("ignore", UserWarning)
+            run.scheduler.step()
+        return {**rollout_metrics, "train/skipped_steps": run.counters["skipped_steps"], "time/step_s": rollout_seconds}
 
     # 4. Advantages from the estimator (one per response).
     old_logp = old_logprobs(run, batch)
@@ -77,7 +85,7 @@ def training_step(run: Run, step: int) -> dict[str, float]:
 
     # 6. Metrics.
     metrics = {
-        **batch.metrics,
+        **rollout_metrics,
         **group_diagnostics(batch.rewards, batch.rollout.prompt_index, cfg.reward.reward_max),
         **{f"advantage/{k}": v for k, v in estimate.metrics.items()},
         **advantage_stats(estimate.advantages),
@@ -201,7 +209,7 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
                 )
                 out = run.loss.obj(inputs, loss_cfg)
                 (out.loss * (len(rows) / len(mini_rows))).backward()
-                _accumulate(sums, {"loss": float(out.loss), **out.metrics, "entropy": masked_mean(entropy, mask)})
+                _accumulate(sums, {"loss": float(out.loss.detach()), **out.metrics, "entropy": masked_mean(entropy.detach(), mask)})
                 count += 1
             grad_norm = torch.nn.utils.clip_grad_norm_(run.policy.parameters_for_training(), tr.grad_clip or float("inf"))
             if not torch.isfinite(grad_norm):
@@ -294,7 +302,8 @@ def loop(run: Run, start_step: int) -> TrainResult:
             result.last_eval = eval_metrics
             progress.write(_format_eval(done, eval_metrics))
         run.logger.log(done, metrics, run.selector.histograms())
-        progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", egr=f"{metrics['groups/effective_gradient_ratio']:.2f}")
+        if "reward/mean" in metrics:
+            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", egr=f"{metrics['groups/effective_gradient_ratio']:.2f}")
         progress.update(1)
         run.counters["cpu_seconds"] = metrics["time/cpu_s"]
         if (cfg.output.checkpoint_every and done % cfg.output.checkpoint_every == 0) or is_last:

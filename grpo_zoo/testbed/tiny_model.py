@@ -104,6 +104,9 @@ def build_tiny_vlm(out_dir: Path, seed: int, spec: TinyVLMSpec | None = None) ->
     Returns:
         out_dir.
     """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     spec = spec or TinyVLMSpec()
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
@@ -116,10 +119,6 @@ def build_tiny_vlm(out_dir: Path, seed: int, spec: TinyVLMSpec | None = None) ->
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
-        do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
     )
     image_processor = Qwen2VLImageProcessorPil(
         size={"shortest_edge": spec.pixels, "longest_edge": spec.pixels},
