@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from grpo_zoo.algorithms.loss_utils import (
     Aggregation,
     Prepared,
@@ -29,7 +30,6 @@ from grpo_zoo.algorithms.loss_utils import (
     token_ratio,
 )
 from grpo_zoo.algorithms.losses import check_clip, clipped_surrogate
-
 from grpo_zoo.registry import LOSSES
 from grpo_zoo.types import LossInputs, LossOutput
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from grpo_zoo.algorithms.loss_utils import (
     Aggregation,
     check_aggregation,
@@ -27,7 +28,6 @@ from grpo_zoo.algorithms.loss_utils import (
     row_mean,
     token_ratio,
 )
-
 from grpo_zoo.registry import LOSSES
 from grpo_zoo.types import LossInputs, LossOutput
 

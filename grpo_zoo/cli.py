@@ -1,4 +1,4 @@
-"""The `grpo-zoo` command line: train, validate, list (and the subcommands later issues add)."""
+"""The `grpo-zoo` command line: train, validate, list, bench (and the subcommands later issues add)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,23 @@ from grpo_zoo.configuration import ConfigError
 from grpo_zoo.registry import ALL_REGISTRIES, RegistryError
 
 DEFAULT_RECIPE = "testbed/diva.yaml"
+AUDIT_HELP = """\
+Sample G responses for a seeded subset of the training questions with the recipe's prompt
+template, sampling and reward, and report: all-wrong / mixed / all-right groups, the success
+histogram, greedy and sampled pass@1, pass@k; the same on every variant kind the diva selector
+can build (hint depths, paraphrase, each image perturbation, only-vision) with a verdict per
+kind; Durian's visual entropy and confidence against accuracy; how often a run revisits each
+question; and which methods the findings favour or warn against. Writes audit.json, audit.md
+and audit.png.
+
+Verdict: paired bootstrap 95% CI of (variant - original) sampled pass@1 on the same questions:
+above 0 "easier", below 0 "harder", else "same"; "inverted" when against the kind's intent
+(hint: easier; perturbations and only-vision: harder; paraphrase: same).
+
+Cost: (questions + kinds x variant-questions) x (G + 1) sequences. The defaults on the testbed
+(512 + ~10 x 128 questions, G = 8: ~16k sequences) take ~3 min on 2 CPU cores; for a quick look
+use --questions 128 --variant-questions 32. Runs on the GPU when there is one (model.device).
+"""
 
 
 def default_recipe() -> Path:
@@ -59,6 +76,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from grpo_zoo.bench import run_bench
+
+    result = run_bench(args.config, args.overrides, output_dir=args.output_dir, parallel=args.parallel,
+                       threads=args.threads, ray=args.ray or bool(args.address), address=args.address,
+                       report_only=args.report_only, dry_run=args.dry_run)
+    return 1 if result.failed else 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from grpo_zoo.audit import run_cli
+
+    return run_cli(args, default_recipe())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-zoo",
@@ -81,6 +113,39 @@ def build_parser() -> argparse.ArgumentParser:
     lister = sub.add_parser("list", help="list every registered estimator, selector, loss and reward")
     lister.add_argument("kind", nargs="?", choices=sorted(ALL_REGISTRIES), help="only this kind")
     lister.set_defaults(func=cmd_list)
+
+    bench = sub.add_parser("bench", help="run a (recipe x seed) benchmark matrix and write its report (resumable)")
+    bench.add_argument("config", help="bench YAML, e.g. configs/bench/testbed.yaml")
+    bench.add_argument("overrides", nargs="*", help="key.sub=value overrides for every trial, e.g. model.path=DIR")
+    bench.add_argument("--output-dir", help="where trials and the report go (default: output_dir of the bench file)")
+    bench.add_argument("--parallel", type=int, help="trials at once (default: the bench file's, usually 1)")
+    bench.add_argument("--threads", type=int, help="torch threads per trial (default: cores // parallel)")
+    bench.add_argument("--ray", action="store_true", help="run trials as Ray tasks (pip install -e .[ray])")
+    bench.add_argument("--address", help="a Ray cluster address (implies --ray; needs a shared filesystem)")
+    bench.add_argument("--report-only", action="store_true", help="run nothing; rewrite the report")
+    bench.add_argument("--dry-run", action="store_true", help="check the configs and print the trials still to run")
+    bench.set_defaults(func=cmd_bench)
+
+    audit = sub.add_parser(
+        "audit", help="check a model + dataset against the premises of the methods (groups, variants, Durian)",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=AUDIT_HELP,
+    )
+    audit.add_argument("--model", help="HF dir, grpo_zoo run/checkpoint dir, or `testbed` (default: model.path)")
+    audit.add_argument("--data", help="dataset file/dir or `testbed` (default: the recipe's data.train)")
+    audit.add_argument("--config", help=f"recipe YAML: template, sampling, reward, run length ({DEFAULT_RECIPE})")
+    audit.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value recipe override")
+    audit.add_argument("--out", help="report directory (default: runs/audit-<time>)")
+    audit.add_argument("--questions", type=int, default=512, help="originals audited (default 512)")
+    audit.add_argument("--variant-questions", type=int, default=128, help="questions per variant kind (default 128)")
+    audit.add_argument("--group-size", type=int, default=0, help="G (default: the recipe's rollout.group_size)")
+    audit.add_argument("--seed", type=int, default=0, help="subset and sampling seed (default 0)")
+    audit.add_argument("--batch-size", type=int, default=0, help="sequences per generate call (eval.batch_size)")
+    audit.add_argument("--kinds", help="comma-separated kinds or families to audit, e.g. hint,perturb_noise")
+    audit.add_argument("--perturb-strength", type=float, default=0.45, help="strength of each perturbation (0.45)")
+    audit.add_argument("--no-greedy", action="store_true", help="skip the greedy response per question")
+    audit.add_argument("--no-durian", action="store_true", help="skip visual entropy and confidence")
+    audit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    audit.set_defaults(func=cmd_audit)
     return parser
 
 

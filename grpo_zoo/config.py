@@ -90,7 +90,9 @@ class RewardConfig:
     def __post_init__(self) -> None:
         names = [f.name for f in self.functions]
         if self.accuracy_function not in names:
-            raise ValueError(f"reward.accuracy_function '{self.accuracy_function}' is not among reward.functions {names}")
+            raise ValueError(
+                f"reward.accuracy_function '{self.accuracy_function}' is not among reward.functions {names}"
+            )
 
 
 @dataclass

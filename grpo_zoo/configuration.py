@@ -100,65 +100,91 @@ def build_plugin(registry: Registry, value: Any, where: str) -> PluginSpec:
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    """Check `value` against the type hint `tp` (converting where YAML is loose); raise ConfigError."""
     if tp is Any:
         return value
+    origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"'{where}': {_show(value)} fits none of {tp}")
+        return _coerce_union(tp, value, where)
     if origin is Literal:
-        if value in args:
-            return value
-        hint = closest(str(value), [str(a) for a in args])
-        did_you_mean = f" Did you mean '{hint}'?" if hint else ""
-        raise ConfigError(f"'{where}' must be one of {list(args)}, got {_show(value)}.{did_you_mean}")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"'{where}' must be a list, got {_show(value)}")
-        item = args[0] if args else Any
-        items = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
+        return _coerce_literal(typing.get_args(tp), value, where)
+    if origin in (list, tuple, dict):
+        return _coerce_container(tp, value, where)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, where)
+    scalar = _SCALARS.get(tp)
+    return scalar(value, where) if scalar else value
+
+
+def _coerce_union(tp: Any, value: Any, where: str) -> Any:
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(arg, value, where)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    raise ConfigError(errors[0] if len(errors) == 1 else f"'{where}': {_show(value)} fits none of {tp}")
+
+
+def _coerce_literal(choices: tuple, value: Any, where: str) -> Any:
+    if value in choices:
+        return value
+    hint = closest(str(value), [str(a) for a in choices])
+    did_you_mean = f" Did you mean '{hint}'?" if hint else ""
+    raise ConfigError(f"'{where}' must be one of {list(choices)}, got {_show(value)}.{did_you_mean}")
+
+
+def _coerce_container(tp: Any, value: Any, where: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"'{where}' must be a mapping, got {_show(value)}")
         vt = args[1] if len(args) == 2 else Any
         return {str(k): _coerce(vt, v, f"{where}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value, where)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"'{where}' must be true or false, got {_show(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"'{where}' must be an integer, got {_show(value)}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"'{where}' must be a list, got {_show(value)}")
+    item = args[0] if args else Any
+    items = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return items if origin is list else tuple(items)
+
+
+def _to_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"'{where}' must be true or false, got {_show(value)}")
+
+
+def _to_int(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ConfigError(f"'{where}' must be an integer, got {_show(value)}")
+
+
+def _to_float(value: Any, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
+        try:
             return float(value)
-        if isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"'{where}' must be a number, got {_show(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"'{where}' must be a string, got {_show(value)}")
-    return value
+        except ValueError:
+            pass
+    raise ConfigError(f"'{where}' must be a number, got {_show(value)}")
+
+
+def _to_str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"'{where}' must be a string, got {_show(value)}")
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
 def _join(where: str, key: Any) -> str:

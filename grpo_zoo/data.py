@@ -40,7 +40,9 @@ class LoadReport:
     reasons: dict[str, int]
 
 
-def load_questions(source: str, data: DataConfig, testbed: TestbedConfig, split: str) -> tuple[list[Question], LoadReport]:
+def load_questions(
+    source: str, data: DataConfig, testbed: TestbedConfig, split: str
+) -> tuple[list[Question], LoadReport]:
     """Load the `split` ("train" or "eval") pool from a file, a directory, or `testbed`."""
     if source == TESTBED:
         from grpo_zoo.testbed.task import make_questions
@@ -55,7 +57,9 @@ def load_questions(source: str, data: DataConfig, testbed: TestbedConfig, split:
 def _read_rows(source: str, split: str) -> list[dict[str, Any]]:
     path = Path(source).expanduser()
     if not path.exists():
-        raise ConfigError(f"dataset '{source}' does not exist: give a local parquet/jsonl/arrow file or directory, or 'testbed'")
+        raise ConfigError(
+            f"dataset '{source}' does not exist: give a local parquet/jsonl/arrow file or directory, or 'testbed'"
+        )
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in _FORMATS)
     if not files:
         raise ConfigError(f"dataset directory '{source}' holds no .parquet, .jsonl, .json or .arrow file")

@@ -11,9 +11,10 @@ import dataclasses
 import difflib
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
         self._loaded = False
 
-    def register(
-        self, name: str, *, config: type | None = None, description: str = ""
-    ) -> Callable[[T], T]:
+    def register(self, name: str, *, config: type | None = None, description: str = "") -> Callable[[T], T]:
         config_cls = config or EmptyConfig
         if not dataclasses.is_dataclass(config_cls):
             raise TypeError(f"{self.kind} '{name}': config must be a dataclass, got {config_cls!r}")
@@ -135,9 +134,7 @@ def _first_doc_line(obj: Any) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-ESTIMATORS: Registry = Registry(
-    "estimator", "grpo_zoo.estimators", ("grpo_zoo.algorithms",)
-)
+ESTIMATORS: Registry = Registry("estimator", "grpo_zoo.estimators", ("grpo_zoo.algorithms",))
 LOSSES: Registry = Registry("loss", "grpo_zoo.losses", ("grpo_zoo.algorithms",))
 SELECTORS: Registry = Registry("selector", "grpo_zoo.samplers", ("grpo_zoo.samplers",))
 REWARDS: Registry = Registry("reward", "grpo_zoo.rewards", ("grpo_zoo.rewards",))

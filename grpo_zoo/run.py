@@ -178,4 +178,6 @@ def lr_schedule(cfg: Config):
 
 def _report_load(report: LoadReport) -> None:
     if report.skipped:
-        log.warning("dataset '%s': skipped %d of %d rows (%s)", report.source, report.skipped, report.rows, report.reasons)
+        log.warning(
+            "dataset '%s': skipped %d of %d rows (%s)", report.source, report.skipped, report.rows, report.reasons
+        )

@@ -37,7 +37,9 @@ def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
         return [_flatten(v, f"{key}/{i}", tensors) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise TypeError(f"cannot save state value of type {type(obj).__name__} at '{key}': use tensors, arrays or plain data")
+    raise TypeError(
+        f"cannot save state value of type {type(obj).__name__} at '{key}': use tensors, arrays or plain data"
+    )
 
 
 def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:

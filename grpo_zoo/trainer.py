@@ -7,6 +7,7 @@ uninterrupted run's metrics bit for bit on CPU.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -42,7 +43,9 @@ class TrainResult:
         lines = [f"trained {self.steps} steps"]
         for key in ("eval/pass@1", "eval/greedy_accuracy"):
             if key in self.first_eval and key in self.last_eval:
-                lines.append(f"held-out {key[5:]}: {self.first_eval[key]:.3f} at the start -> {self.last_eval[key]:.3f}")
+                lines.append(
+                    f"held-out {key[5:]}: {self.first_eval[key]:.3f} at the start -> {self.last_eval[key]:.3f}"
+                )
         lines.append(f"metrics:     {self.run_dir / 'metrics.jsonl'}")
         lines.append(f"tensorboard: {self.run_dir / 'tensorboard'}")
         if self.checkpoint:
@@ -69,7 +72,9 @@ def training_step(run: Run, step: int) -> dict[str, float]:
     rollout_seconds = time.perf_counter() - started
     if batch is None:  # a filtering selector kept nothing: no update this step (counted)
         run.counters["skipped_steps"] = run.counters.get("skipped_steps", 0) + 1
-        log.warning("step %d: the selector kept no group; no update (%d such steps so far)", step, run.counters["skipped_steps"])
+        log.warning(
+            "step %d: the selector kept no group; no update (%d such steps so far)", step, run.counters["skipped_steps"]
+        )
         with warnings.catch_warnings():  # the schedule follows training steps, updated or not
             warnings.simplefilter("ignore", UserWarning)
             run.scheduler.step()
@@ -209,9 +214,14 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
                 )
                 out = run.loss.obj(inputs, loss_cfg)
                 (out.loss * (len(rows) / len(mini_rows))).backward()
-                _accumulate(sums, {"loss": float(out.loss.detach()), **out.metrics, "entropy": masked_mean(entropy.detach(), mask)})
+                _accumulate(
+                    sums,
+                    {"loss": float(out.loss.detach()), **out.metrics, "entropy": masked_mean(entropy.detach(), mask)},
+                )
                 count += 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(run.policy.parameters_for_training(), tr.grad_clip or float("inf"))
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                run.policy.parameters_for_training(), tr.grad_clip or float("inf")
+            )
             if not torch.isfinite(grad_norm):
                 skipped += 1  # a non-finite gradient never reaches the weights
                 run.optimizer.zero_grad(set_to_none=True)
@@ -279,7 +289,9 @@ def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_di
 def loop(run: Run, start_step: int) -> TrainResult:
     cfg = run.cfg
     result = TrainResult(run.run_dir, start_step)
-    result.first_eval = dict(run.counters.get("first_eval", {})) if isinstance(run.counters.get("first_eval"), dict) else {}
+    result.first_eval = (
+        dict(run.counters.get("first_eval", {})) if isinstance(run.counters.get("first_eval"), dict) else {}
+    )
     if start_step == 0 and cfg.eval.at_start and run.eval_pool:
         result.first_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
         run.logger.log(0, result.first_eval)
@@ -301,21 +313,36 @@ def loop(run: Run, start_step: int) -> TrainResult:
             metrics.update(eval_metrics)
             result.last_eval = eval_metrics
             progress.write(_format_eval(done, eval_metrics))
+            append_histograms(run.run_dir / "histograms.jsonl", done, run.selector.histograms())
         run.logger.log(done, metrics, run.selector.histograms())
         if "reward/mean" in metrics:
-            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", egr=f"{metrics['groups/effective_gradient_ratio']:.2f}")
+            progress.set_postfix(
+                reward=f"{metrics['reward/mean']:.3f}", egr=f"{metrics['groups/effective_gradient_ratio']:.2f}"
+            )
         progress.update(1)
         run.counters["cpu_seconds"] = metrics["time/cpu_s"]
         if (cfg.output.checkpoint_every and done % cfg.output.checkpoint_every == 0) or is_last:
-            result.checkpoint = save_checkpoint(run.run_dir, done, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints)
+            result.checkpoint = save_checkpoint(
+                run.run_dir, done, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints
+            )
         result.steps = done
     progress.close()
     if not result.last_eval and run.eval_pool:
         result.last_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
         run.logger.log(result.steps, result.last_eval)
     if result.checkpoint is None or not result.checkpoint.name.endswith(f"{result.steps:06d}"):
-        result.checkpoint = save_checkpoint(run.run_dir, result.steps, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints)
+        result.checkpoint = save_checkpoint(
+            run.run_dir, result.steps, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints
+        )
     return result
+
+
+def append_histograms(path: Path, step: int, histograms: dict[str, Any]) -> None:
+    """One JSON line per eval with the selector's histograms (DIVA's D, VADE's posteriors) for `grpo-zoo bench`."""
+    if histograms:
+        arrays = {k: np.round(np.asarray(v, dtype=np.float64), 4).tolist() for k, v in histograms.items()}
+        with path.open("a") as f:
+            f.write(json.dumps({"step": step, **arrays}) + "\n")
 
 
 def trainer_state(run: Run, result: TrainResult) -> dict[str, Any]:

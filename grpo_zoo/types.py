@@ -7,8 +7,9 @@ beyond validation, so a plug-in can be written and tested against them alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 from PIL import Image

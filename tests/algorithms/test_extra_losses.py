@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+
 from grpo_zoo.algorithms.extra_losses import (
     CISPOConfig,
     ClipCovConfig,
@@ -23,7 +24,6 @@ from grpo_zoo.algorithms.extra_losses import (
     sapo,
 )
 from grpo_zoo.algorithms.losses import PPOClipConfig, ppo_clip
-
 from grpo_zoo.registry import LOSSES
 from grpo_zoo.types import LossInputs
 

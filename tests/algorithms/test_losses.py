@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
+
 from grpo_zoo.algorithms import extra_losses, loss_utils, losses, reward_shaping  # noqa: F401  (registration)
 from grpo_zoo.algorithms.loss_utils import aggregate, kl_penalty, sampler_mismatch, tis_weights, token_ratio
 from grpo_zoo.algorithms.losses import DAPOConfig, GSPOConfig, PPOClipConfig, gspo, ppo_clip
 from grpo_zoo.algorithms.reward_shaping import overlong_penalty
-
 from grpo_zoo.configuration import build
 from grpo_zoo.registry import LOSSES
 from grpo_zoo.types import LossInputs

@@ -55,7 +55,14 @@ def records(run_dir):
 @pytest.mark.parametrize("selector", SELECTORS.names())
 @pytest.mark.parametrize("estimator", ESTIMATORS.names())
 def test_every_estimator_selector_pair_trains(tiny_model, tmp_path, estimator, selector):
-    overrides = tiny_overrides(tiny_model, tmp_path / "run", f"algorithm.estimator={estimator}", f"algorithm.selector={selector}", "train.lr=1e-2", "eval.at_start=false")
+    overrides = tiny_overrides(
+        tiny_model,
+        tmp_path / "run",
+        f"algorithm.estimator={estimator}",
+        f"algorithm.selector={selector}",
+        "train.lr=1e-2",
+        "eval.at_start=false",
+    )
     cfg = load_config(None, overrides)
     result = train(cfg, recipe="pair")
     steps = [r for r in records(result.run_dir) if r["step"] > 0]
@@ -78,7 +85,9 @@ def test_every_estimator_selector_pair_trains(tiny_model, tmp_path, estimator, s
 
 @pytest.mark.parametrize("loss", LOSSES.names())
 def test_every_loss_trains(tiny_model, tmp_path, loss):
-    cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run", f"algorithm.loss={loss}", "eval.at_start=false"))
+    cfg = load_config(
+        None, tiny_overrides(tiny_model, tmp_path / "run", f"algorithm.loss={loss}", "eval.at_start=false")
+    )
     result = train(cfg, recipe="loss")
     steps = [r for r in records(result.run_dir) if "train/loss" in r]
     assert len(steps) == 2 and all(r["train/loss"] is not None for r in steps)
@@ -86,8 +95,14 @@ def test_every_loss_trains(tiny_model, tmp_path, loss):
 
 def test_resume_is_bit_identical(tiny_model, tmp_path):
     # Mini/micro batches and the diva selector exercise optimizer, scheduler and selector state.
-    extra = ["output.checkpoint_every=2", "algorithm.estimator=diva", "algorithm.selector=diva",
-             "train.mini_batch_size=8", "train.micro_batch_size=4", "eval.num_questions=0"]
+    extra = [
+        "output.checkpoint_every=2",
+        "algorithm.estimator=diva",
+        "algorithm.selector=diva",
+        "train.mini_batch_size=8",
+        "train.micro_batch_size=4",
+        "eval.num_questions=0",
+    ]
     full = train(load_config(None, tiny_overrides(tiny_model, tmp_path / "full", *extra, "train.steps=4")), "full")
     part = train(load_config(None, tiny_overrides(tiny_model, tmp_path / "part", *extra, "train.steps=2")), "part")
     resumed_cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "part", *extra, "train.steps=4"))

@@ -49,7 +49,9 @@ def test_errors_name_the_key(data, expected):
 
 
 def test_overrides():
-    data = apply_overrides({"a": {"b": 1}, "est": {"name": "diva", "k": 0.2}}, ["a.b=2", "a.c=[1, 2]", "est=grpo", "x.y=z"])
+    data = apply_overrides(
+        {"a": {"b": 1}, "est": {"name": "diva", "k": 0.2}}, ["a.b=2", "a.c=[1, 2]", "est=grpo", "x.y=z"]
+    )
     assert data == {"a": {"b": 2, "c": [1, 2]}, "est": {"name": "grpo"}, "x": {"y": "z"}}
     assert apply_overrides({"est": "grpo"}, ["est.eps=0.1"]) == {"est": {"name": "grpo", "eps": 0.1}}
     with pytest.raises(ConfigError, match="key.sub=value"):

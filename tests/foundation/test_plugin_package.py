@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-PLUGIN = '''
+PLUGIN = """
 from dataclasses import dataclass
 
 from grpo_zoo.registry import ESTIMATORS
@@ -21,9 +21,9 @@ class CenteredConfig:
 @ESTIMATORS.register("centered_times", config=CenteredConfig, description="test plug-in: scale * (r - batch mean)")
 def centered_times(inputs: AdvantageInputs, cfg: CenteredConfig) -> AdvantageOutput:
     return AdvantageOutput(cfg.scale * (inputs.rewards - inputs.rewards.mean()))
-'''
+"""
 
-SETUP = '''
+SETUP = """
 from setuptools import setup
 setup(
     name="grpo-zoo-test-plugin",
@@ -31,9 +31,9 @@ setup(
     py_modules=["grpo_zoo_test_plugin"],
     entry_points={"grpo_zoo.estimators": ["centered_times = grpo_zoo_test_plugin"]},
 )
-'''
+"""
 
-USE = '''
+USE = """
 import torch
 from grpo_zoo.config import load_config
 from grpo_zoo.registry import ESTIMATORS
@@ -44,7 +44,7 @@ out = ESTIMATORS.get(spec.name).obj(AdvantageInputs(
     rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), prompt_ids=torch.tensor([0, 0, 1, 1]),
     question_ids=torch.tensor([0, 0, 1, 1]), response_mask=torch.ones(4, 3)), spec.config)
 print(spec.name, spec.config.scale, out.advantages.tolist())
-'''
+"""
 
 
 def test_installed_plugin_is_selected_from_yaml(tmp_path):
@@ -58,10 +58,12 @@ def test_installed_plugin_is_selected_from_yaml(tmp_path):
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *isolation, "--target", str(target), str(pkg)],
         check=True,
     )
-    (tmp_path / "recipe.yaml").write_text(textwrap.dedent("""
+    (tmp_path / "recipe.yaml").write_text(
+        textwrap.dedent("""
         algorithm:
           estimator: {name: centered_times, scale: 3.0}
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
     used = subprocess.run([sys.executable, "-c", USE], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert used.returncode == 0, used.stderr

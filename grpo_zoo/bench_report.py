@@ -1,0 +1,292 @@
+"""Statistics, plots and report.md of a `grpo-zoo bench` run, read back from its trials' JSONL files.
+
+Per recipe: the final held-out metric (mean and a percentile-bootstrap CI over seeds), steps / CPU
+seconds / wall-clock seconds to the target (over the seeds that reached it, with how many did not),
+the mean effective gradient ratio, the shares of all-correct and all-wrong groups, responses per
+step and generated tokens per second, and a Welch (or Mann-Whitney) test against the baseline.
+Wall-clock is training time (the sum of time/step_s); held-out evals are left out of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from grpo_zoo.bench import BenchConfig, Trial
+
+# Selector histograms plotted over time: key in histograms.jsonl -> (file, axis label, value range).
+HISTOGRAM_PLOTS = {
+    "diva/difficulty": ("diva_difficulty.png", "DIVA difficulty D of the questions seen", (1.0, 9.0)),
+    "vade/posterior_mean": ("vade_posterior_mean.png", "VADE posterior mean of the success rate", (0.0, 1.0)),
+}
+
+
+@dataclass
+class TrialResult:
+    """What one trial's metrics.jsonl (and histograms.jsonl) says; lists follow steps in order."""
+
+    recipe: str
+    seed: int
+    steps: int = 0  # training steps run
+    cpu_s: float = 0.0  # process CPU seconds at the last step (the budgeted quantity)
+    wall_s: float = 0.0  # sum of time/step_s: training wall-clock, evals excluded
+    eval_steps: list[int] = field(default_factory=list)
+    eval_values: list[float] = field(default_factory=list)  # the bench metric at each eval
+    eval_cpu: list[float] = field(default_factory=list)
+    eval_wall: list[float] = field(default_factory=list)
+    final: float | None = None  # the metric at the last eval
+    final_greedy: float | None = None
+    egr_steps: list[int] = field(default_factory=list)
+    egr: list[float] = field(default_factory=list)  # effective gradient ratio per step
+    all_correct: float = math.nan  # mean share of all-correct groups per step
+    all_wrong: float = math.nan
+    responses_per_step: float = math.nan  # generated responses (dynamic sampling counts its refills)
+    tokens_per_s: float = math.nan  # generated tokens (responses x mean kept length) per training second
+    histograms: dict[str, list[tuple[int, list[float]]]] = field(default_factory=dict)
+
+    def to_target(self, target: float) -> tuple[int, float, float] | None:
+        """(step, CPU s, wall s) of the first eval reaching target; None when never reached."""
+        for step, value, cpu, wall in zip(self.eval_steps, self.eval_values, self.eval_cpu, self.eval_wall):
+            if value >= target:
+                return step, cpu, wall
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_trial(run_dir: Path, recipe: str, seed: int, metric: str = "eval/pass@1") -> TrialResult | None:
+    """Parse a trial folder; None when it has no metrics yet. Records of one step are merged (last wins)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for record in read_jsonl(run_dir / "metrics.jsonl"):
+        rows.setdefault(int(record["step"]), {}).update(record)
+    if not rows:
+        return None
+    out = TrialResult(recipe, seed)
+    wall = cpu = 0.0
+    generated: list[float] = []
+    tokens = 0.0
+    for step in sorted(rows):
+        row = rows[step]
+        if row.get("time/step_s") is not None:
+            wall += row["time/step_s"]
+            cpu = row.get("time/cpu_s") or cpu
+            out.steps = step
+            n = row.get("rollout/generated", row.get("rollout/responses")) or 0.0
+            generated.append(n)
+            tokens += n * (row.get("response/length_mean") or 0.0)
+        if row.get(metric) is not None:
+            out.eval_steps.append(step)
+            out.eval_values.append(float(row[metric]))
+            out.eval_cpu.append(cpu)
+            out.eval_wall.append(wall)
+            out.final, out.final_greedy = float(row[metric]), row.get("eval/greedy_accuracy")
+        if row.get("groups/effective_gradient_ratio") is not None:
+            out.egr_steps.append(step)
+            out.egr.append(float(row["groups/effective_gradient_ratio"]))
+    out.cpu_s, out.wall_s = cpu, wall
+    out.all_correct = mean_of(rows, "groups/all_correct")
+    out.all_wrong = mean_of(rows, "groups/all_wrong")
+    out.responses_per_step = float(np.mean(generated)) if generated else math.nan
+    out.tokens_per_s = tokens / wall if wall > 0 else math.nan
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in read_jsonl(run_dir / "histograms.jsonl"):  # a resumed run may repeat steps: last wins
+        by_step[int(record.pop("step"))] = record
+    for step in sorted(by_step):
+        for key, values in by_step[step].items():
+            out.histograms.setdefault(key, []).append((step, values))
+    return out
+
+
+def mean_of(rows: dict[int, dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rows.values() if r.get(key) is not None]
+    return float(np.mean(values)) if values else math.nan
+
+
+# --------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------
+
+
+def bootstrap_ci(values: list[float], confidence: float = 0.95, resamples: int = 9999,
+                 seed: int = 0) -> tuple[float, float] | None:
+    """Percentile-bootstrap CI of the mean (scipy.stats.bootstrap); None below 2 values, (v, v) when all equal."""
+    from scipy import stats
+
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if len(x) < 2:
+        return None
+    if np.ptp(x) == 0:
+        return float(x[0]), float(x[0])
+    res = stats.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=resamples,
+                          method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def compare(a: list[float], b: list[float], test: str = "welch") -> float | None:
+    """Two-sided p-value of a vs b: Welch's t-test (unequal variances) or Mann-Whitney U; None if untestable."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return None  # one seed, or no variance anywhere: nothing to test against
+    if test == "mann_whitney":
+        p = stats.mannwhitneyu(a, b, alternative="two-sided").pvalue
+    else:
+        p = stats.ttest_ind(a, b, equal_var=False).pvalue
+    return float(p) if math.isfinite(p) else None
+
+
+@dataclass
+class RecipeSummary:
+    """One row of the report's main table; nan = not available, CIs are (low, high) or None."""
+
+    recipe: str
+    seeds: int  # finished trials
+    final_mean: float
+    final_ci: tuple[float, float] | None
+    final_greedy_mean: float
+    delta: float  # final_mean minus the baseline's
+    p_value: float
+    reached: int  # seeds whose held-out metric reached the target
+    steps_to_target: float  # means over the seeds that reached it
+    steps_to_target_ci: tuple[float, float] | None
+    cpu_to_target: float
+    cpu_to_target_ci: tuple[float, float] | None
+    wall_to_target: float
+    wall_to_target_ci: tuple[float, float] | None
+    steps: float
+    cpu_s: float
+    effective_gradient_ratio: float  # mean over every step of every seed
+    all_correct: float
+    all_wrong: float
+    responses_per_step: float
+    tokens_per_s: float
+
+
+def summarize(results: list[TrialResult], cfg: BenchConfig) -> list[RecipeSummary]:
+    """One summary per recipe (in bench order), each tested against cfg.baseline."""
+    def finals(name: str) -> list[float]:
+        return [r.final for r in results if r.recipe == name and r.final is not None]
+
+    def ci(values: list[float]) -> tuple[float, float] | None:
+        return bootstrap_ci(values, cfg.confidence, cfg.bootstrap_resamples)
+
+    base = finals(cfg.baseline)
+    rows = []
+    for name in cfg.recipes:
+        trials = [r for r in results if r.recipe == name]
+        final = finals(name)
+        hits = [h for h in (r.to_target(cfg.target) for r in trials) if h is not None]
+        steps, cpu, wall = ([h[i] for h in hits] for i in range(3))
+        p_value = compare(final, base, cfg.test) if name != cfg.baseline else None
+        rows.append(RecipeSummary(
+            recipe=name, seeds=len(trials), final_mean=nanmean(final), final_ci=ci(final),
+            final_greedy_mean=nanmean([r.final_greedy for r in trials]),
+            delta=nanmean(final) - nanmean(base), p_value=math.nan if p_value is None else p_value,
+            reached=len(hits),
+            steps_to_target=nanmean(steps), steps_to_target_ci=ci(steps),
+            cpu_to_target=nanmean(cpu), cpu_to_target_ci=ci(cpu),
+            wall_to_target=nanmean(wall), wall_to_target_ci=ci(wall),
+            steps=nanmean([r.steps for r in trials]), cpu_s=nanmean([r.cpu_s for r in trials]),
+            effective_gradient_ratio=nanmean([v for r in trials for v in r.egr]),
+            **{k: nanmean([getattr(r, k) for r in trials])
+               for k in ("all_correct", "all_wrong", "responses_per_step", "tokens_per_s")},
+        ))
+    return rows
+
+
+def nanmean(values: list[Any]) -> float:
+    """Mean of the finite values; nan when there are none (never a warning)."""
+    x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return float(np.mean(x)) if x else math.nan
+
+
+def plain(value: Any) -> Any:
+    """nan -> None, tuples -> lists: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# report.md and summary.json
+# --------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, ci: tuple[float, float] | None = None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    text = f"{value:.{digits}f}"
+    return text + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
+def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial]) -> Path:
+    """Write out_dir/summary.json, out_dir/report.md and out_dir/plots/*.png; returns the report's path."""
+    from grpo_zoo.bench_plots import write_plots
+
+    status = {(t.recipe, t.seed): t.status() for t in trials}
+    results = [r for t in trials if status[(t.recipe, t.seed)] == "done"
+               for r in [load_trial(t.run_dir, t.recipe, t.seed, cfg.metric)] if r is not None]
+    summaries = summarize(results, cfg)
+    plots = write_plots(out_dir / "plots", results, cfg)
+    (out_dir / "summary.json").write_text(json.dumps({
+        "metric": cfg.metric, "target": cfg.target, "baseline": cfg.baseline, "test": cfg.test,
+        "recipes": [plain(asdict(s)) for s in summaries],
+        "trials": [{"recipe": t.recipe, "seed": t.seed, "status": status[(t.recipe, t.seed)],
+                    "run_dir": str(t.run_dir)} for t in trials],
+    }, indent=1))
+    lines = report_lines(cfg, summaries, results, status, plots)
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list[TrialResult],
+                 status: dict[tuple[str, int], str], plots: dict[str, str]) -> list[str]:
+    pct = f"{cfg.confidence:.0%}"
+    test = "Welch t-test" if cfg.test == "welch" else "Mann-Whitney U"
+    budget = ", ".join(f"{k}={v}" for k, v in cfg.overrides.items()) or "the recipes' own settings"
+    lines = [f"# Benchmark: {', '.join(cfg.recipes)}", "", cfg.description, "",
+             f"{len(cfg.recipes)} recipes x {len(cfg.seeds)} seeds (train.seed {cfg.seeds}); every arm shares: "
+             f"{budget}. Main metric `{cfg.metric}` on the fixed held-out set; target {cfg.target}; "
+             f"p-values: two-sided {test} against `{cfg.baseline}` on the final metric; CIs: {pct} percentile "
+             f"bootstrap over seeds (n/a below 2 seeds). Steps / CPU s / wall s to target are means over the seeds "
+             f"that reached it; wall s is training time without evals.", "",
+             f"| recipe | done | final {cfg.metric} [{pct} CI] | greedy | Δ vs {cfg.baseline} | p | reached target | "
+             "steps to target | CPU s to target | wall s to target | steps | CPU s | eff. grad ratio | all-correct | "
+             "all-wrong | responses/step | tokens/s |",
+             "|" + "---|" * 17]
+    for s in summaries:
+        lines.append(
+            f"| {s.recipe} | {s.seeds}/{len(cfg.seeds)} | {fmt(s.final_mean, s.final_ci)} | {fmt(s.final_greedy_mean)} "
+            f"| {fmt(s.delta)} | {fmt(s.p_value, digits=4)} | {s.reached} of {s.seeds} "
+            f"| {fmt(s.steps_to_target, s.steps_to_target_ci, 1)} | {fmt(s.cpu_to_target, s.cpu_to_target_ci, 0)} "
+            f"| {fmt(s.wall_to_target, s.wall_to_target_ci, 0)} | {fmt(s.steps, digits=1)} | {fmt(s.cpu_s, digits=0)} "
+            f"| {fmt(s.effective_gradient_ratio)} | {fmt(s.all_correct)} | {fmt(s.all_wrong)} "
+            f"| {fmt(s.responses_per_step, digits=1)} | {fmt(s.tokens_per_s, digits=0)} |")
+    lines += ["", "## Plots", ""]
+    lines += [f"![{title}](plots/{name})" for title, name in plots.items()] or ["(no finished trials to plot)"]
+    lines += ["", "## Trials", "",
+              f"| recipe | seed | status | steps | CPU s | final {cfg.metric} | reached target at step |",
+              "|---|---|---|---|---|---|---|"]
+    by_key = {(r.recipe, r.seed): r for r in results}
+    for (recipe, seed), state in status.items():
+        r = by_key.get((recipe, seed))
+        hit = r.to_target(cfg.target) if r else None
+        reached = str(hit[0]) if hit else ("not reached" if r else "")
+        lines.append(f"| {recipe} | {seed} | {state} | {r.steps if r else ''} | {fmt(r.cpu_s, digits=0) if r else ''} "
+                     f"| {fmt(r.final) if r else ''} | {reached} |")
+    return lines

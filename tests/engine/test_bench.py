@@ -1,0 +1,204 @@
+"""`grpo-zoo bench`: statistics on hand-made metrics files, config checks, and one resumable end-to-end run."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from grpo_zoo.bench import (
+    BenchConfig,
+    BenchError,
+    Trial,
+    check_fingerprints,
+    load_bench,
+    override_strings,
+    plan_trials,
+    run_trials,
+)
+from grpo_zoo.bench_report import bootstrap_ci, compare, load_trial, summarize, write_report
+from grpo_zoo.configuration import ConfigError, build
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "configs" / "testbed"
+
+
+def write_metrics(run_dir, evals, egr, all_correct=None, cpu_per_step=2.0, step_s=1.0, hist=None, done=True):
+    """A trial folder like the trainer writes: step 0 = eval only, steps 1..n = training (+ eval)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": 0, "eval/pass@1": evals[0], "eval/greedy_accuracy": evals[0]}] if 0 in evals else []
+    for step in range(1, len(egr) + 1):
+        row = {"step": step, "time/step_s": step_s, "time/cpu_s": cpu_per_step * step, "rollout/generated": 8.0,
+               "response/length_mean": 5.0, "groups/effective_gradient_ratio": egr[step - 1],
+               "groups/all_correct": (all_correct or [0.0] * len(egr))[step - 1], "groups/all_wrong": 0.0}
+        if step in evals:
+            row.update({"eval/pass@1": evals[step], "eval/greedy_accuracy": evals[step]})
+        rows.append(row)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if hist:
+        (run_dir / "histograms.jsonl").write_text("".join(json.dumps({"step": s, **h}) + "\n" for s, h in hist.items()))
+    if done:
+        (run_dir / "trial.json").write_text(json.dumps({"status": "done"}))
+
+
+def bench_cfg(recipes=("grpo", "diva"), **kw):
+    return build(BenchConfig, {"recipes": {r: {"recipe": f"{r}.yaml"} for r in recipes}, "seeds": [0, 1, 2],
+                               "target": 0.75, "bootstrap_resamples": 999, **kw})
+
+
+def test_one_trial_by_hand(tmp_path):
+    write_metrics(tmp_path, {0: 0.2, 2: 0.5, 4: 0.7}, egr=[1.0, 0.5, 0.5, 0.0], all_correct=[0, 0.25, 0.25, 0.5])
+    r = load_trial(tmp_path, "grpo", 0)
+    assert (r.steps, r.cpu_s, r.wall_s, r.final) == (4, 8.0, 4.0, 0.7)
+    assert r.eval_steps == [0, 2, 4] and r.eval_cpu == [0.0, 4.0, 8.0]
+    assert math.isclose(np.mean(r.egr), 0.5) and math.isclose(r.all_correct, 0.25)
+    assert math.isclose(r.tokens_per_s, 4 * 8 * 5 / 4.0)  # 4 steps x 8 responses x 5 tokens / 4 s
+    assert r.to_target(0.5) == (2, 4.0, 2.0)  # first eval at or above the target
+    assert r.to_target(0.9) is None
+
+
+def synthetic_bench(root):
+    """grpo finals 0.6/0.7/0.8 (only 0.8 reaches 0.75); diva 0.8/0.85/0.9 (all reach it, at steps 2, 2, 4)."""
+    trials = []
+    for recipe, finals, mids in (("grpo", [0.6, 0.7, 0.8], [0.5, 0.6, 0.7]), ("diva", [0.8, 0.85, 0.9], [0.8, 0.76, 0.7])):
+        for seed, (final, mid) in enumerate(zip(finals, mids)):
+            run_dir = root / "trials" / recipe / f"seed-{seed}"
+            hist = {2: {"diva/difficulty": [5.0, 5.0, 6.0]}, 4: {"diva/difficulty": [3.0, 7.0]}} if recipe == "diva" else {
+                2: {"vade/posterior_mean": [0.5, 0.4]}, 4: {"vade/posterior_mean": [0.7, 0.9]}}
+            write_metrics(run_dir, {0: 0.3, 2: mid, 4: final}, egr=[0.5, 0.6, 0.7, 0.8], hist=hist)
+            trials.append(Trial(recipe, seed, Path(f"{recipe}.yaml"), [], run_dir))
+    return trials
+
+
+def test_summary_statistics_match_scipy(tmp_path):
+    trials = synthetic_bench(tmp_path)
+    results = [load_trial(t.run_dir, t.recipe, t.seed) for t in trials]
+    grpo, diva = summarize(results, bench_cfg())
+    assert math.isclose(grpo.final_mean, 0.7) and math.isclose(diva.final_mean, 0.85)
+    assert math.isclose(diva.delta, 0.15)
+    assert math.isclose(diva.p_value, stats.ttest_ind([0.8, 0.85, 0.9], [0.6, 0.7, 0.8], equal_var=False).pvalue)
+    assert math.isnan(grpo.p_value)  # the baseline is not tested against itself
+    ci = stats.bootstrap(([0.6, 0.7, 0.8],), np.mean, n_resamples=999, method="percentile", rng=np.random.default_rng(0))
+    assert grpo.final_ci == pytest.approx((ci.confidence_interval.low, ci.confidence_interval.high))
+    assert (grpo.reached, diva.reached) == (1, 3)  # "not reached" seeds are counted, not dropped
+    assert grpo.steps_to_target == 4 and grpo.steps_to_target_ci is None  # one seed: no CI
+    assert math.isclose(diva.steps_to_target, (2 + 2 + 4) / 3) and math.isclose(diva.cpu_to_target, 2 * 8 / 3)
+    assert math.isclose(diva.effective_gradient_ratio, 0.65)
+
+
+def test_tests_and_intervals_edge_cases():
+    assert compare([0.1, 0.2, 0.4], [0.5, 0.6, 0.9], "mann_whitney") == pytest.approx(
+        stats.mannwhitneyu([0.1, 0.2, 0.4], [0.5, 0.6, 0.9], alternative="two-sided").pvalue)
+    assert compare([0.5], [0.1, 0.2]) is None  # one seed: untestable, reported n/a
+    assert compare([0.5, 0.5], [0.5, 0.5]) is None  # no variance anywhere: no p-value, not a NaN
+    assert bootstrap_ci([0.4]) is None and bootstrap_ci([0.4, 0.4]) == (0.4, 0.4)
+
+
+def test_report_and_plots(tmp_path):
+    trials = synthetic_bench(tmp_path)
+    trials.append(Trial("grpo", 3, Path("grpo.yaml"), [], tmp_path / "trials" / "grpo" / "seed-3"))  # never ran
+    report = write_report(tmp_path, bench_cfg(seeds=[0, 1, 2, 3]), trials)
+    text = report.read_text()
+    assert "| grpo | 3/4 | 0.700 [" in text and "1 of 3" in text and "not reached" in text and "| new |" in text
+    for png in ("accuracy_vs_step.png", "effective_gradient_ratio.png", "diva_difficulty.png", "vade_posterior_mean.png"):
+        assert (tmp_path / "plots" / png).stat().st_size > 1000 and f"(plots/{png})" in text
+    summary = (tmp_path / "summary.json").read_text()
+    assert "NaN" not in summary and json.loads(summary)["recipes"][1]["reached"] == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"baseline": "ppo"}, "'baseline' 'ppo' is not among"),
+    ({"seeds": [1, 1]}, "distinct"),
+    ({"seed": [1]}, "Did you mean 'seeds'"),
+    ({"target": 80}, "'target' must be an accuracy"),
+    ({"overrides": {"train.seed": 3}}, "may not set 'train.seed'"),
+    ({"recipes": {"grpo": {"recipe": "grpo.yaml", "overrides": {"eval.samples": 2}}}}, "set it in the common"),
+    ({"recipes": {"bad/name": "grpo.yaml"}}, "names a folder"),
+])
+def test_config_errors(tmp_path, change, message):
+    data = {"recipes": {"grpo": str(RECIPES / "grpo.yaml")}, **change}
+    (tmp_path / "b.yaml").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        load_bench(tmp_path / "b.yaml")
+
+
+def test_arms_must_be_comparable(tmp_path):
+    (tmp_path / "short.yaml").write_text(f"base: {RECIPES / 'rloo.yaml'}\ntrain: {{steps: 7}}\n")
+    (tmp_path / "b.yaml").write_text(json.dumps({"recipes": {"grpo": str(RECIPES / "grpo.yaml"), "short": "short.yaml"}}))
+    with pytest.raises(ConfigError, match="'train.steps' is 7 in 'short'"):
+        plan_trials(load_bench(tmp_path / "b.yaml"), tmp_path / "b.yaml", tmp_path / "out", [])
+    (tmp_path / "b.yaml").write_text(json.dumps({"recipes": {"grpo": "nowhere.yaml"}}))
+    with pytest.raises(ConfigError, match="recipe 'nowhere.yaml' not found"):
+        plan_trials(load_bench(tmp_path / "b.yaml"), tmp_path / "b.yaml", tmp_path / "out", [])
+
+
+def test_trial_states_and_changed_config(tmp_path):
+    trial = Trial("grpo", 0, RECIPES / "grpo.yaml", ["train.steps=3"], tmp_path / "t", fingerprint="abc")
+    assert trial.status() == "new" and "--output-dir" in trial.args()
+    (trial.run_dir / "checkpoints" / "step-000002").mkdir(parents=True)
+    assert trial.status() == "partial" and trial.args()[-2] == "--resume"  # a killed trial resumes
+    trial.marker.write_text(json.dumps({"status": "done", "fingerprint": "other"}))
+    with pytest.raises(BenchError, match="different config"):
+        check_fingerprints([trial])
+    assert override_strings({"a.b": 1e-4, "c": "true", "d": "x", "e": [1, 2]}) == ['a.b=0.0001', 'c="true"', "d=x",
+                                                                                   "e=[1, 2]"]
+
+
+def test_ray_missing_gives_install_hint(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, installed or not
+    trial = Trial("grpo", 0, RECIPES / "grpo.yaml", [], tmp_path / "t")
+    with pytest.raises(BenchError, match=r"pip install -e \.\[ray\]"):
+        run_trials([trial], 1, 1, ray_address="")
+    assert not trial.run_dir.exists()  # nothing touched before the error
+
+
+# --------------------------------------------------------------------------------------
+# End to end: real trials (separate processes) on a tiny random model
+# --------------------------------------------------------------------------------------
+
+
+def tiny_bench(tmp_path, recipes, seeds):
+    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
+
+    model = build_tiny_vlm(tmp_path / "m", seed=0)
+    path = tmp_path / "bench.yaml"
+    path.write_text(json.dumps({"recipes": {r: str(RECIPES / f"{r}.yaml") for r in recipes}, "seeds": seeds,
+                                "target": 0.5, "bootstrap_resamples": 199, "parallel": 2, "threads_per_trial": 1,
+                                "overrides": {"eval.every": 1, "output.checkpoint_every": 1}}))
+    overrides = [f"model.path={model}", "testbed.train_questions=48", "testbed.eval_questions=8",
+                 "rollout.group_size=4", "rollout.max_new_tokens=6", "train.steps=2", "train.questions_per_step=2",
+                 "eval.num_questions=8", "eval.samples=2", "reward.num_workers=0", "output.tensorboard=false",
+                 "output.progress=false"]
+    return path, overrides
+
+
+def test_bench_end_to_end_and_resumable(tmp_path, capsys):
+    from grpo_zoo.cli import main
+
+    path, overrides = tiny_bench(tmp_path, ["grpo", "vade"], [0, 1])
+    out = tmp_path / "out"
+    assert main(["bench", str(path), *overrides, "--output-dir", str(out)]) == 0
+    markers = sorted(out.glob("trials/*/seed-*/trial.json"))
+    assert len(markers) == 4 and all(json.loads(m.read_text())["status"] == "done" for m in markers)
+    assert all(len((m.parent / "metrics.jsonl").read_text().splitlines()) == 3 for m in markers)  # steps 0, 1, 2
+    assert (out / "trials" / "vade" / "seed-0" / "histograms.jsonl").is_file()
+    text = (out / "report.md").read_text()
+    assert "| vade | 2/2 |" in text and (out / "plots" / "vade_posterior_mean.png").is_file()
+    stamps = [m.stat().st_mtime_ns for m in markers]
+    capsys.readouterr()
+    assert main(["bench", str(path), *overrides, "--output-dir", str(out)]) == 0
+    assert "4 done, 0 to run" in capsys.readouterr().out
+    assert [m.stat().st_mtime_ns for m in markers] == stamps  # nothing reran
+
+
+def test_bench_on_local_ray(tmp_path):
+    pytest.importorskip("ray")
+    from grpo_zoo.bench import run_bench
+
+    path, overrides = tiny_bench(tmp_path, ["grpo"], [0, 1])
+    result = run_bench(path, overrides, output_dir=str(tmp_path / "out"), ray=True)
+    assert result.failed == 0 and len(result.ran) == 2
+    assert all(t.status() == "done" for t in result.ran)
