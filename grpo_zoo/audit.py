@@ -40,7 +40,7 @@ from grpo_zoo.config import Config
 from grpo_zoo.data import load_questions
 from grpo_zoo.evaluation import as_prompts
 from grpo_zoo.rewards import last_boxed
-from grpo_zoo.samplers import _diva_plan as plan
+from grpo_zoo.samplers import _diva_plan as diva_plan
 from grpo_zoo.samplers._common import keyed_rng
 from grpo_zoo.samplers.diva import DivaSelector, DivaSelectorConfig
 from grpo_zoo.types import Prompt, Question
@@ -60,7 +60,7 @@ class AuditSettings:
     questions: int = 512  # originals audited: a seeded subset of the training pool (>= 500 keeps CIs ~ +-0.03)
     variant_questions: int = 128  # questions per variant kind; the cost of an audit is ~ (1 + kinds * this / questions)
     group_size: int = 0  # G responses per question; 0 = the recipe's rollout.group_size
-    seed: int = 0
+    seed: int = 0  # picks the subset and seeds every kind's sampling
     batch_size: int = 0  # sequences per generate call; 0 = the recipe's eval.batch_size
     kinds: list[str] | None = None  # audit only these kinds or families (hint, perturb, ...); None = all buildable
     perturb_strength: float = 0.45  # strength of each single-transform perturbation (the paper's 0.30 / 0.45)
@@ -69,7 +69,7 @@ class AuditSettings:
     resamples: int = 2000  # bootstrap resamples for every CI
     level: float = 0.95  # confidence level of every CI
     durian: bool = True  # visual entropy + confidence (one extra forward over the originals' responses)
-    progress: bool = True
+    progress: bool = True  # a tqdm bar over the sequences to sample
     skip_variants_if_unparsed: bool = True  # nothing parses: the variant figures would all be 0, so skip them
 
     def check(self) -> None:
@@ -96,7 +96,7 @@ class VariantKind:
 
     name: str
     family: str  # hint | paraphrase | perturb | only_vision (the selector's kind)
-    plan: plan.VariantPlan
+    plan: diva_plan.VariantPlan
     transform: str | None = None
 
 
@@ -159,21 +159,21 @@ def plan_kinds(questions: list[Question], diva: DivaSelectorConfig, *, is_vlm: b
     if "hint" not in missing:
         max_steps = max(len(q.hint_steps) for q in questions)
         depths = [k for k in HINT_DEPTHS if k <= max_steps]
-        kinds += [VariantKind(f"hint_{k}", "hint", plan.plan_for_shift(-k)) for k in depths]
+        kinds += [VariantKind(f"hint_{k}", "hint", diva_plan.plan_for_shift(-k)) for k in depths]
         missing.update({f"hint_{k}": f"questions have at most {max_steps} hint step(s): same as hint_{max_steps}"
                         for k in HINT_DEPTHS if k > max_steps})
         if max_steps > HINT_DEPTHS[-1]:
-            kinds.append(VariantKind("hint_all", "hint", plan.plan_for_shift(-HINT_DEPTHS[-1] - 1)))
+            kinds.append(VariantKind("hint_all", "hint", diva_plan.plan_for_shift(-HINT_DEPTHS[-1] - 1)))
     if "paraphrase" not in missing:
-        kinds.append(VariantKind("paraphrase", "paraphrase", plan.plan_for_shift(0)))
+        kinds.append(VariantKind("paraphrase", "paraphrase", diva_plan.plan_for_shift(0)))
     if "perturb" not in missing:
-        shift = next((s for s, (n, st) in plan.PERTURB_LEVELS.items() if n == 1 and st == strength), 1)
-        single = plan.VariantPlan("perturb", shift, num_transforms=1, strength=strength)
+        shift = next((s for s, (n, st) in diva_plan.PERTURB_LEVELS.items() if n == 1 and st == strength), 1)
+        single = diva_plan.VariantPlan("perturb", shift, num_transforms=1, strength=strength)
         kinds += [VariantKind(f"perturb_{t}", "perturb", single, t) for t in TRANSFORMS if t in diva.transforms]
         missing.update({f"perturb_{t}": "not in algorithm.selector.transforms" for t in TRANSFORMS
                         if t not in diva.transforms})
     if "only_vision" not in missing:
-        kinds.append(VariantKind("only_vision", "only_vision", plan.plan_for_shift(plan.ONLY_VISION_SHIFT)))
+        kinds.append(VariantKind("only_vision", "only_vision", diva_plan.plan_for_shift(diva_plan.ONLY_VISION_SHIFT)))
     return kinds, missing
 
 
@@ -238,12 +238,21 @@ class Sampler:
             parsed += sum(last_boxed(t) is not None for t in texts)
             example = example or texts[0]
             if confidence:
-                logp, _ = self.policy.logprobs(rollout, torch.arange(len(texts)))  # [N, T]
-                seq = (logp * rollout.response_mask.to(logp.device)).sum(-1).cpu()  # [N], as the trainer's seq_logprob
-                conf.append(seq.view(len(chunk), g).mean(1))  # [b]
+                conf.append(self._seq_logprob(rollout).view(len(chunk), g).mean(1))  # [b]
             self.bar.update(len(texts))
         return Sampled(torch.cat(successes).numpy().astype(np.int64), parsed, len(prompts) * g,
                        torch.cat(conf).double().numpy() if confidence else None, example)
+
+
+    def _seq_logprob(self, rollout: Any) -> torch.Tensor:
+        """[N] summed token log-prob per response, as the trainer's seq_logprob, in micro-batches (the
+        full-vocabulary log-softmax of a real model is ~0.6 GB per 1k-token row)."""
+        micro = self.cfg.train.micro_batch_size or 8
+        parts = []
+        for rows in torch.arange(rollout.response_mask.shape[0]).split(micro):
+            logp, _ = self.policy.logprobs(rollout, rows)  # [n, T]
+            parts.append((logp * rollout.response_mask[rows].to(logp.device)).sum(-1).cpu())
+        return torch.cat(parts)
 
 
 def resolve_model(cfg: Config, model: str | None) -> str:
@@ -261,6 +270,16 @@ def resolve_model(cfg: Config, model: str | None) -> str:
     cfg = copy.deepcopy(cfg)
     cfg.model.path = str(found) if found is not None else name
     return resolve_model_path(cfg)  # builds the testbed model, or says what is wrong with the path
+
+
+def _load_policy(cfg: Config, model: str | None) -> tuple[str, Any]:
+    """(name for the report, Policy) on the recipe's device and dtype; LoRA checkpoints are saved merged."""
+    from grpo_zoo.policy import Policy
+    from grpo_zoo.run import pick_device
+
+    path = resolve_model(cfg, model)
+    policy = Policy.from_pretrained(path, device=pick_device(cfg.model.device), dtype=cfg.model.dtype)
+    return ("testbed" if (model or cfg.model.path) == "testbed" else path), policy
 
 
 def _kind_seed(seed: int, name: str) -> int:
@@ -301,17 +320,18 @@ def _resolve_settings(cfg: Config, settings: AuditSettings) -> AuditSettings:
 
 
 def audit(cfg: Config, settings: AuditSettings | None = None, *, model: str | None = None,
-          data: str | None = None) -> AuditResult:
+          data: str | None = None, policy: Any | None = None) -> AuditResult:
     """Audit `model` (default cfg.model.path) on `data` (default cfg.data.train) under recipe `cfg`.
 
+    `policy`: an already loaded grpo_zoo Policy (e.g. mid-training) to audit instead of loading
+    `model`, which is then only its name in the report.
     Returns an AuditResult: `originals` (GroupStats: share_all_wrong / _all_right / _mixed at
     G, histogram, pass@k), `kinds` (per variant kind: GroupStats, paired difference with CI,
-    verdict), `not_built` (kind -> reason), `durian`, `revisits`, `findings`, `warnings`.
+    verdict), `not_built` (kind -> reason), `durian`, `revisits`, `findings`, `warnings`;
+    `accuracy_by_kind()` and `verdicts()` summarise them.
     Raises ConfigError/ValueError for a bad model path, dataset or setting.
     """
-    from grpo_zoo.policy import Policy
     from grpo_zoo.reward_runner import RewardRunner
-    from grpo_zoo.run import pick_device
 
     started = time.monotonic()
     cfg = copy.deepcopy(cfg)
@@ -320,8 +340,9 @@ def audit(cfg: Config, settings: AuditSettings | None = None, *, model: str | No
     pool, _ = load_questions(cfg.data.train, cfg.data, cfg.testbed, "train")
     order = keyed_rng(settings.seed, AUDIT_STEP).permutation(len(pool))[: settings.questions]
     subset = [pool[int(i)] for i in order]
-    model_path = resolve_model(cfg, model)
-    policy = Policy.from_pretrained(model_path, device=pick_device(cfg.model.device), dtype=cfg.model.dtype)
+    name = model or cfg.model.path
+    if policy is None:
+        name, policy = _load_policy(cfg, model)
     diva = diva_config(cfg)
     kinds, not_built = plan_kinds(subset, diva, is_vlm=policy.is_vlm, strength=settings.perturb_strength, cfg=cfg)
     kinds = [k for k in kinds if _selected(k.name, settings.kinds)]
@@ -335,7 +356,7 @@ def audit(cfg: Config, settings: AuditSettings | None = None, *, model: str | No
             result = _run(cfg, settings, sampler, builder, subset, kinds, per_kind, not_built)
     finally:
         torch.set_rng_state(rng_state)
-    result.model = "testbed" if (model or cfg.model.path) == "testbed" else model_path
+    result.model = name
     result.data, result.pool_size = cfg.data.train, len(pool)
     result.revisits = revisit_stats(len(pool), cfg.train.steps, cfg.train.questions_per_step)
     result.findings = findings_for(result)
@@ -360,7 +381,8 @@ def _run(cfg: Config, settings: AuditSettings, sampler: Sampler, builder: Varian
     greedy = sampler.run(prompts, greedy=True).successes if settings.greedy else None
     parse_rate = sampled.parsed / sampled.responses
     warnings = []
-    if sampled.parsed == 0:
+    unparsed = sampled.parsed == 0 and not sampled.successes.any()  # a reward reading no box may still score some
+    if unparsed:
         warnings.append(_unparsed_message(cfg, sampler.policy, prompts[0], sampled))
     elif parse_rate < 0.5:
         warnings.append(f"only {parse_rate:.0%} of the responses have a \\boxed{{}} answer: the format, not the "
@@ -368,7 +390,7 @@ def _run(cfg: Config, settings: AuditSettings, sampler: Sampler, builder: Varian
     originals = group_stats(sampled.successes, settings.group_size, greedy=greedy, parse_rate=parse_rate, **stat_args)
     index = {int(q.question_id): i for i, q in enumerate(subset)}
     results = {}
-    if sampled.parsed == 0 and settings.skip_variants_if_unparsed and kinds:
+    if unparsed and settings.skip_variants_if_unparsed and kinds:
         not_built["variants"] = "skipped: no original response could be parsed (see the warning)"
         kinds = []
     for kind in kinds:
@@ -410,6 +432,8 @@ def run_cli(args: Any, default_recipe: Path) -> int:
     from grpo_zoo.audit_report import write_report
     from grpo_zoo.config import load_config
 
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
     path = Path(args.config) if args.config else default_recipe
     cfg = load_config(path, args.overrides)
     settings = AuditSettings(
@@ -427,7 +451,7 @@ def run_cli(args: Any, default_recipe: Path) -> int:
     paths = write_report(result, out)
     print(result.summary())
     print(f"report: {paths['markdown']}, {paths['json'].name}, {paths['plot'].name}")
-    return 1 if result.originals.parse_rate == 0 else 0  # a report of zeros must not pass as a success in scripts
+    return 1 if result.nothing_parses else 0  # a report of zeros must not pass as a success in scripts
 
 
 __all__ = ["KIND_NAMES", "AuditSettings", "VariantKind", "audit", "plan_kinds", "resolve_model", "run_cli"]

@@ -136,6 +136,17 @@ class KindResult:
     question_ids: list[int]
     successes: list[int]  # c_q of the variant, [Q]
     original_successes: list[int]  # c_q of the original, [Q]
+    rescued: float | None = None  # of the questions all wrong as originals, the share with >= 1 right here
+
+
+def rescued_share(variant: np.ndarray, original: np.ndarray) -> float | None:
+    """Share of originally all-wrong questions (c = 0) with at least one right variant response.
+
+    What DIVA's hints are for: an all-wrong group gives GRPO nothing, a mixed one does. None
+    when no question was all wrong.
+    """
+    was_wrong = np.asarray(original) == 0
+    return float((np.asarray(variant)[was_wrong] > 0).mean()) if was_wrong.any() else None
 
 
 def compare_kind(kind: str, family: str, variant: np.ndarray, original: np.ndarray, group_size: int, *,
@@ -149,7 +160,7 @@ def compare_kind(kind: str, family: str, variant: np.ndarray, original: np.ndarr
     direction = direction_of(lo, hi)
     return KindResult(kind, family, INTENDED[family], stats, float((original / group_size).mean()), diff, (lo, hi),
                       direction, verdict(direction, INTENDED[family]), list(question_ids), variant.tolist(),
-                      original.tolist())
+                      original.tolist(), rescued_share(variant, original))
 
 
 # ---------------------------------------------------------------------------------------
@@ -260,6 +271,11 @@ class AuditResult:
             out[name] = (k.stats.sampled_pass1, *k.stats.sampled_pass1_ci)
         return out
 
+    @property
+    def nothing_parses(self) -> bool:
+        """No original response had a readable answer (and none was scored right): every figure is 0."""
+        return self.originals.parse_rate == 0 and self.originals.sampled_pass1 == 0
+
     def verdicts(self) -> dict[str, str]:
         return {name: k.verdict for name, k in self.kinds.items()}
 
@@ -360,7 +376,7 @@ def _durian_findings(durian: dict[str, Any]) -> list[dict[str, Any]]:
 
 def findings_for(result: AuditResult) -> list[dict[str, Any]]:
     """The method each figure favours or warns against (registry names), thresholds in the module constants."""
-    if result.originals.parse_rate == 0:
+    if result.nothing_parses:
         return [_finding("nothing parses, so every accuracy is 0 and no figure says anything about the methods; "
                          "fix the prompt template or the model first (see the warning)")]
     out = _group_findings(result.originals) + _variant_findings(result.kinds) + _durian_findings(result.durian)
@@ -463,13 +479,17 @@ def markdown_text(result: AuditResult, plot_name: str = "audit.png") -> str:
            + " | ".join(f"{v:.3f}" for k, v in o.pass_at_k.items() if k != "pass@1") + f" | {_pct(o.parse_rate)} |",
            "", "Successes per question (0..G): " + ", ".join(f"{c}: {n}" for c, n in enumerate(o.histogram)), ""]
     md += ["## Variant kinds", "", "| kind | n | pass@1 [CI] | original | diff [CI] | greedy | all-wrong | all-right "
-           "| intended | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| rescued | intended | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in result.kinds.values():
         s = k.stats
         greedy = "-" if s.greedy_pass1 is None else f"{s.greedy_pass1:.3f}"
+        rescued = "-" if k.rescued is None else _pct(k.rescued)
         md.append(f"| {k.kind} | {s.questions} | {s.sampled_pass1:.3f} {_ci(*s.sampled_pass1_ci)} | "
                   f"{k.original_pass1:.3f} | {k.difference:+.3f} {_ci(*k.difference_ci, signed=True)} | {greedy} | "
-                  f"{_pct(s.share_all_wrong)} | {_pct(s.share_all_right)} | {k.intended} | **{k.verdict}** |")
+                  f"{_pct(s.share_all_wrong)} | {_pct(s.share_all_right)} | {rescued} | {k.intended} | "
+                  f"**{k.verdict}** |")
+    md += ["", "rescued: of the questions all wrong as originals, the share with at least one right response "
+           "in this kind (what a hint is for)."]
     md += ["", "Verdict: paired bootstrap CI of (variant - original) sampled pass@1 on the same questions; above 0 "
            "easier, below 0 harder, else same; inverted when against the kind's intent (hint easier, "
            "perturbation/only-vision harder, paraphrase same).", ""]

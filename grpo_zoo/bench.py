@@ -17,8 +17,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -105,6 +107,18 @@ def load_bench(path: str | Path) -> BenchConfig:
     if isinstance(recipes, dict):  # `grpo: ../testbed/grpo.yaml` is short for `grpo: {recipe: ...}`
         data["recipes"] = {k: {"recipe": v} if isinstance(v, str) else v for k, v in recipes.items()}
     return build(BenchConfig, data)
+
+
+def is_bench_file(path: str | Path) -> bool:
+    """A bench file names its arms under `recipes:`; a recipe never has that key."""
+    return "recipes" in read_yaml(path)
+
+
+def validate_bench(path: str | Path, overrides: list[str] | None = None) -> str:
+    """Check a bench file and every trial's recipe config without running anything; a one-line summary."""
+    cfg = load_bench(path)
+    trials = plan_trials(cfg, Path(path), Path(cfg.output_dir.format(name=Path(path).stem)), list(overrides or []))
+    return f"bench of {len(cfg.recipes)} recipes x {len(cfg.seeds)} seeds = {len(trials)} trials vs {cfg.baseline}"
 
 
 def override_strings(overrides: dict[str, Any]) -> list[str]:
@@ -216,13 +230,36 @@ def check_fingerprints(trials: list[Trial]) -> None:
                 )
 
 
+RUNNING: set[subprocess.Popen] = set()  # trial processes started by this process, stopped on interrupt
+
+
 def run_trial_process(args: list[str], env: dict[str, str], log_path: str, cwd: str) -> tuple[int, float]:
     """Run `python -m grpo_zoo.cli ARGS` to the end (also the body of the Ray task); returns (exit code, seconds)."""
     started = time.monotonic()
     with open(log_path, "a") as log:
-        proc = subprocess.run([sys.executable, "-m", "grpo_zoo.cli", *args], env={**os.environ, **env}, cwd=cwd,
-                              stdout=log, stderr=subprocess.STDOUT, check=False)
-    return proc.returncode, time.monotonic() - started
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_zoo.cli", *args], env={**os.environ, **env}, cwd=cwd,
+                                stdout=log, stderr=subprocess.STDOUT)
+        RUNNING.add(proc)
+        try:
+            returncode = proc.wait()
+        finally:
+            RUNNING.discard(proc)
+    return returncode, time.monotonic() - started
+
+
+def stop_running() -> None:
+    """Terminate the trial processes still running (they resume from their checkpoints next time)."""
+    for proc in list(RUNNING):
+        proc.terminate()
+    for proc in list(RUNNING):
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def warm_up_once(trial: Trial) -> None:
@@ -269,9 +306,15 @@ def run_trials(trials: list[Trial], parallel: int, threads: int, ray_address: st
     local = ray_address is None
     runner = run_locally(jobs, env, parallel) if local else run_on_ray(jobs, env, threads, ray_address)
     failed = 0
-    for i, (trial, args, (rc, seconds)) in enumerate(runner, 1):
-        finish(trial, args, rc, seconds, f"{i}/{len(trials)}")
-        failed += rc != 0
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_interrupt) if main_thread else None  # `kill` stops trials too
+    try:
+        for i, (trial, args, (rc, seconds)) in enumerate(runner, 1):
+            finish(trial, args, rc, seconds, f"{i}/{len(trials)}")
+            failed += rc != 0
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return failed
 
 
@@ -284,11 +327,17 @@ def ray_available() -> Any:
 
 
 def run_locally(jobs: list, env: dict[str, str], parallel: int):
-    with ThreadPoolExecutor(max_workers=parallel) as pool:  # threads only wait on the child processes
-        cwd = os.getcwd()
-        futures = {pool.submit(run_trial_process, args, env, log, cwd): (trial, args) for trial, args, log in jobs}
+    pool = ThreadPoolExecutor(max_workers=parallel)  # threads only wait on the child processes
+    cwd = os.getcwd()
+    futures = {pool.submit(run_trial_process, args, env, log, cwd): (trial, args) for trial, args, log in jobs}
+    try:
         for future in as_completed(futures):
             yield (*futures[future], future.result())
+    finally:  # on Ctrl-C or SIGTERM: running trials stop, queued ones never start
+        pool.shutdown(wait=False, cancel_futures=True)
+        while not all(f.done() for f in futures):
+            stop_running()
+            time.sleep(0.2)
 
 
 def run_on_ray(jobs: list, env: dict[str, str], threads: int, address: str):
@@ -333,12 +382,14 @@ def run_bench(path: str | Path, overrides: list[str] | None = None, output_dir: 
     parallel = parallel or cfg.parallel
     threads = threads or cfg.threads_per_trial or max(1, (os.cpu_count() or 1) // parallel)
     out_dir = Path(output_dir or cfg.output_dir.format(name=bench_path.stem)).expanduser().resolve()
-    trials = plan_trials(cfg, bench_path, out_dir, list(overrides or []))
+    extra = list(overrides or [])
+    trials = plan_trials(cfg, bench_path, out_dir, extra)
     check_fingerprints(trials)
     todo = [t for t in trials if t.status() != "done"]
     skipped = [t for t in trials if t.status() == "done"]
     print(f"grpo-zoo bench: {len(cfg.recipes)} recipes x {len(cfg.seeds)} seeds in {out_dir}: "
-          f"{len(skipped)} done, {len(todo)} to run ({parallel} at once, {threads} threads each)", flush=True)
+          f"{len(skipped)} done, {len(todo)} to run ({'on Ray' if ray or cfg.ray else f'{parallel} at once'}, "
+          f"{threads} torch threads each)", flush=True)
     failed = 0
     if dry_run:
         for t in todo:
@@ -350,6 +401,6 @@ def run_bench(path: str | Path, overrides: list[str] | None = None, output_dir: 
             warm_up_once(todo[0])
         failed = run_trials(todo, parallel, threads, (address or cfg.ray_address) if use_ray else None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = write_report(out_dir, cfg, trials)
+    report = write_report(out_dir, cfg, trials, extra)
     print(f"report: {report}")
     return BenchResult(out_dir, report, [] if report_only else todo, skipped, failed)

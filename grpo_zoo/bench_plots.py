@@ -44,6 +44,12 @@ def new_axes(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (7.0, 4
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
+def integer_steps(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def colour(recipes: list[str], name: str):
     from matplotlib import colormaps
 
@@ -66,6 +72,7 @@ def accuracy_plot(path: Path, results: list[TrialResult], recipes: list[str], cf
     ax.axhline(cfg.target, color="grey", linestyle="--", linewidth=1, label=f"target {cfg.target}")
     ax.set(xlabel="training step", ylabel=cfg.metric, title=f"{cfg.metric}: mean over seeds, {cfg.confidence:.0%} CI")
     ax.legend(fontsize=7, ncols=2)
+    integer_steps(ax)
     fig.savefig(path, dpi=110)
     return path.name
 
@@ -89,6 +96,7 @@ def egr_plot(path: Path, results: list[TrialResult], recipes: list[str]) -> str:
     ax.set(xlabel="training step", ylabel="effective gradient ratio", ylim=(-0.02, 1.02),
            title="groups with a non-zero reward spread (mean over seeds)")
     ax.legend(fontsize=7, ncols=2)
+    integer_steps(ax)
     fig.savefig(path, dpi=110)
     return path.name
 

@@ -233,8 +233,11 @@ def fmt(value: float | None, ci: tuple[float, float] | None = None, digits: int 
     return text + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
 
 
-def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial]) -> Path:
-    """Write out_dir/summary.json, out_dir/report.md and out_dir/plots/*.png; returns the report's path."""
+def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: list[str] = ()) -> Path:
+    """Write out_dir/summary.json, out_dir/report.md and out_dir/plots/*.png; returns the report's path.
+
+    `extra` are the command line's overrides for every trial (they win over the bench file's).
+    """
     from grpo_zoo.bench_plots import write_plots
 
     status = {(t.recipe, t.seed): t.status() for t in trials}
@@ -248,23 +251,28 @@ def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial]) -> Path:
         "trials": [{"recipe": t.recipe, "seed": t.seed, "status": status[(t.recipe, t.seed)],
                     "run_dir": str(t.run_dir)} for t in trials],
     }, indent=1))
-    lines = report_lines(cfg, summaries, results, status, plots)
+    lines = report_lines(cfg, summaries, results, status, plots, list(extra))
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list[TrialResult],
-                 status: dict[tuple[str, int], str], plots: dict[str, str]) -> list[str]:
+                 status: dict[tuple[str, int], str], plots: dict[str, str], extra: list[str]) -> list[str]:
     pct = f"{cfg.confidence:.0%}"
     test = "Welch t-test" if cfg.test == "welch" else "Mann-Whitney U"
-    budget = ", ".join(f"{k}={v}" for k, v in cfg.overrides.items()) or "the recipes' own settings"
-    lines = [f"# Benchmark: {', '.join(cfg.recipes)}", "", cfg.description, "",
+    from grpo_zoo.bench import override_strings
+
+    shared = {o.split("=", 1)[0]: o for o in [*override_strings(cfg.overrides), *extra]}  # the last one wins
+    budget = ", ".join(f"`{o}`" for o in shared.values()) or "the recipes' own settings"
+    lines = [f"# Benchmark: {', '.join(cfg.recipes)}", "", *([cfg.description, ""] if cfg.description else []),
              f"{len(cfg.recipes)} recipes x {len(cfg.seeds)} seeds (train.seed {cfg.seeds}); every arm shares: "
              f"{budget}. Main metric `{cfg.metric}` on the fixed held-out set; target {cfg.target}; "
              f"p-values: two-sided {test} against `{cfg.baseline}` on the final metric; CIs: {pct} percentile "
              f"bootstrap over seeds (n/a below 2 seeds). Steps / CPU s / wall s to target are means over the seeds "
-             f"that reached it; wall s is training time without evals.", "",
+             f"that reached it; wall s is training time without evals. Effective gradient ratio and group shares "
+             f"are of the groups trained on: dynamic sampling (dapo) drops all-equal groups before that (its "
+             f"`selector/dapo/pass_rate` is the share it kept); responses/step counts every generated response.", "",
              f"| recipe | done | final {cfg.metric} [{pct} CI] | greedy | Δ vs {cfg.baseline} | p | reached target | "
              "steps to target | CPU s to target | wall s to target | steps | CPU s | eff. grad ratio | all-correct | "
              "all-wrong | responses/step | tokens/s |",
@@ -272,7 +280,8 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
     for s in summaries:
         lines.append(
             f"| {s.recipe} | {s.seeds}/{len(cfg.seeds)} | {fmt(s.final_mean, s.final_ci)} | {fmt(s.final_greedy_mean)} "
-            f"| {fmt(s.delta)} | {fmt(s.p_value, digits=4)} | {s.reached} of {s.seeds} "
+            f"| {'baseline' if s.recipe == cfg.baseline else fmt(s.delta)} | {fmt(s.p_value, digits=4)} "
+            f"| {s.reached} of {s.seeds} "
             f"| {fmt(s.steps_to_target, s.steps_to_target_ci, 1)} | {fmt(s.cpu_to_target, s.cpu_to_target_ci, 0)} "
             f"| {fmt(s.wall_to_target, s.wall_to_target_ci, 0)} | {fmt(s.steps, digits=1)} | {fmt(s.cpu_s, digits=0)} "
             f"| {fmt(s.effective_gradient_ratio)} | {fmt(s.all_correct)} | {fmt(s.all_wrong)} "

@@ -51,11 +51,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from grpo_zoo.bench import is_bench_file, validate_bench
     from grpo_zoo.config import load_config
 
     failed = 0
     for path in args.files:
         try:
+            if is_bench_file(path):
+                print(f"ok   {path}: {validate_bench(path, args.overrides)}")
+                continue
             cfg = load_config(path, args.overrides)
         except ConfigError as exc:
             failed += 1
@@ -79,9 +83,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from grpo_zoo.bench import run_bench
 
-    result = run_bench(args.config, args.overrides, output_dir=args.output_dir, parallel=args.parallel,
-                       threads=args.threads, ray=args.ray or bool(args.address), address=args.address,
-                       report_only=args.report_only, dry_run=args.dry_run)
+    try:
+        result = run_bench(args.config, args.overrides, output_dir=args.output_dir, parallel=args.parallel,
+                           threads=args.threads, ray=args.ray or bool(args.address), address=args.address,
+                           report_only=args.report_only, dry_run=args.dry_run)
+    except KeyboardInterrupt:
+        print("grpo-zoo bench: interrupted; finished trials are kept, rerun the same command to continue",
+              file=sys.stderr)
+        return 130
     return 1 if result.failed else 0
 
 
@@ -145,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--no-greedy", action="store_true", help="skip the greedy response per question")
     audit.add_argument("--no-durian", action="store_true", help="skip visual entropy and confidence")
     audit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    audit.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 is best on a busy machine)")
     audit.set_defaults(func=cmd_audit)
     return parser
 

@@ -160,6 +160,9 @@ class TestbedConfig:
     warmup_batch_size: int = 32
     warmup_lr: float = 1e-3  # 2e-3 did not learn in the feasibility probe
     warmup_lr_min: float = 1e-4  # the cosine schedule ends here
+    warmup_hold_share: float = 0.5  # share of the steps held at warmup_lr before the cosine: perception
+    #   (reading counts off the image) only emerges after ~250 steps at full lr
+    warmup_vision_lr_mult: float = 3.0  # the vision tower's lr / warmup_lr; 1 learned no perception in 400 steps
     warmup_grad_clip: float = 1.0
     warmup_hint_share: float = 0.25  # share of warm-up prompts shown with 1..all solution steps as a hint
     warmup_paraphrase_share: float = 0.25  # share shown as a paraphrase (same difficulty as the original)

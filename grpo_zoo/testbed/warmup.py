@@ -100,6 +100,8 @@ def ensure_testbed_model(cfg: TestbedConfig, log: Callable[[str], None] = print)
 def _check(cfg: TestbedConfig) -> None:
     if cfg.warmup_steps < 0 or cfg.warmup_batch_size < 1:
         raise ValueError("testbed.warmup_steps must be >= 0 and testbed.warmup_batch_size >= 1")
+    if not 0 <= cfg.warmup_hold_share <= 1 or cfg.warmup_vision_lr_mult <= 0:
+        raise ValueError("testbed.warmup_hold_share must be in [0, 1] and warmup_vision_lr_mult > 0")
     if not 0 < cfg.warmup_lr_min <= cfg.warmup_lr:
         raise ValueError(f"testbed.warmup_lr_min must be in (0, warmup_lr = {cfg.warmup_lr}], got {cfg.warmup_lr_min}")
     shares = cfg.warmup_hint_share + cfg.warmup_paraphrase_share
@@ -148,8 +150,11 @@ def teacher_forcing_batch(policy, prompts: list[Prompt], targets: list[str]) -> 
 
 
 def _lr_at(step: int, cfg: TestbedConfig) -> float:
-    """Cosine from warmup_lr to warmup_lr_min over warmup_steps."""
-    progress = step / max(1, cfg.warmup_steps - 1)
+    """warmup_lr for the first warmup_hold_share of the steps, then a cosine down to warmup_lr_min."""
+    hold = int(cfg.warmup_hold_share * cfg.warmup_steps)
+    if step < hold:
+        return cfg.warmup_lr
+    progress = (step - hold) / max(1, cfg.warmup_steps - hold - 1)
     return cfg.warmup_lr_min + 0.5 * (cfg.warmup_lr - cfg.warmup_lr_min) * (1 + math.cos(math.pi * progress))
 
 
@@ -167,7 +172,13 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     policy = Policy.from_pretrained(str(out))
     questions = task.make_questions("train", cfg.train_questions, cfg.seed)
     rng = random.Random(f"grpo_zoo.warmup:{cfg.seed}")
-    optimizer = torch.optim.AdamW(policy.parameters_for_training(), lr=cfg.warmup_lr, weight_decay=0.0)
+    # The vision tower learns faster than the rest allows: at one lr the language model fits the
+    # format and the prior over answers long before it reads the image (a plateau of hundreds of steps).
+    vision = [p for name, p in policy.model.named_parameters() if ".visual." in f".{name}" and p.requires_grad]
+    ids = {id(p) for p in vision}
+    rest = [p for p in policy.parameters_for_training() if id(p) not in ids]
+    groups = [{"params": rest, "lr_mult": 1.0}, {"params": vision, "lr_mult": cfg.warmup_vision_lr_mult}]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.warmup_lr, weight_decay=0.0)
     policy.model.train()
     losses: list[float] = []
     start_wall, start_cpu = time.time(), time.process_time()
@@ -176,7 +187,7 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
         pairs = [warmup_example(rng.choice(questions), rng, cfg) for _ in range(cfg.warmup_batch_size)]
         batch = teacher_forcing_batch(policy, [p for p, _ in pairs], [t for _, t in pairs])
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, cfg)
+            group["lr"] = _lr_at(step, cfg) * group["lr_mult"]
         logp, _ = policy.logprobs(batch, torch.arange(len(pairs)))
         loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()  # mean NLL per response token
         optimizer.zero_grad(set_to_none=True)

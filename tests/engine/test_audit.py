@@ -3,6 +3,7 @@
 import io
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +22,17 @@ from grpo_zoo.audit_report import (
 from grpo_zoo.config import load_config
 
 VERDICTS = {"easier", "same", "harder", "inverted"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's matrices are too small for threads to pay; on a shared machine they cost 3x."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +55,7 @@ def tiny_settings(**kw):
 @pytest.fixture(scope="module")
 def full_audit(tiny_model, tmp_path_factory):
     """Every kind, variants sampled even though a random model never parses."""
-    result = audit(tiny_cfg(tiny_model), tiny_settings(skip_variants_if_unparsed=False))
+    result = audit(tiny_cfg(tiny_model), tiny_settings(skip_variants_if_unparsed=False, greedy=False))
     out = tmp_path_factory.mktemp("audit")
     return result, write_report(result, out)
 
@@ -57,11 +69,11 @@ def test_report_has_the_fields_and_shares_sum_to_one(full_audit):
     o = data["originals"]
     assert o["questions"] == 16 and o["group_size"] == 2 and sum(o["histogram"]) == 16
     assert o["share_all_wrong"] + o["share_mixed"] + o["share_all_right"] == pytest.approx(1.0)
-    assert set(o["pass_at_k"]) == {"pass@1", "pass@2"} and o["greedy_pass1"] is not None
-    # The testbed gives every family: hint depths 1-2 (at most 2 steps), paraphrase, 6 transforms, only-vision.
-    assert set(data["kinds"]) == {"hint_1", "hint_2", "paraphrase", "only_vision"} | {
-        k for k in KIND_NAMES if k.startswith("perturb_")}
-    assert "hint_3" in data["not_built"]
+    assert set(o["pass_at_k"]) == {"pass@1", "pass@2"} and o["greedy_pass1"] is None  # greedy=False
+    # The testbed gives every family: hint depths up to its step count, paraphrase, 6 transforms, only-vision.
+    assert {"hint_1", "paraphrase", "only_vision"} | {k for k in KIND_NAMES if k.startswith("perturb_")} <= set(
+        data["kinds"])
+    assert all(k in data["kinds"] or k in data["not_built"] for k in ("hint_1", "hint_2", "hint_3"))
     for name, kind in data["kinds"].items():
         s = kind["stats"]
         assert s["questions"] == 4, name
@@ -154,6 +166,54 @@ def test_model_resolves_from_a_run_directory(tiny_model, tmp_path):
         resolve_model(cfg, str(tmp_path / "nowhere"))
 
 
+class OraclePolicy:
+    """A stand-in policy whose success depends only on the prompt text, so every verdict is known.
+
+    Hinted prompts: all G right. Rotated (the rotation note): none right. Only-vision: all right
+    (an inverted "harder" kind). Anything else (originals, paraphrases, other perturbations):
+    response 0 of each group right, the rest wrong, so c = 1 of G.
+    """
+
+    is_vlm = True
+
+    def encode(self, prompts, template, system_prompt):
+        return SimpleNamespace(prompts=prompts, texts=[template.replace("{problem}", p.problem) for p in prompts])
+
+    def generate(self, encoded, group_size, temperature, top_p, max_new_tokens, greedy=False):
+        import torch
+
+        from grpo_zoo.variants import ONLY_VISION_PROMPT
+
+        texts = []
+        for p in encoded.prompts:
+            right = "Hint:" in p.problem or p.problem.startswith(ONLY_VISION_PROMPT)
+            wrong = "rotated" in p.problem
+            texts += [f"\\boxed{{{p.answer if (right or g == 0) and not wrong else 'no'}}}" for g in range(group_size)]
+        n = len(texts)
+        return SimpleNamespace(response_texts=texts, prompt_index=torch.arange(len(encoded.prompts)).repeat_interleave(
+            group_size), response_mask=torch.ones(n, 3))
+
+
+def test_verdicts_end_to_end_on_an_oracle_policy(tiny_model):
+    cfg = tiny_cfg(tiny_model)
+    result = audit(cfg, AuditSettings(questions=12, variant_questions=6, group_size=4, durian=False, progress=False,
+                                      resamples=300), model="oracle", policy=OraclePolicy())
+    o = result.originals
+    assert o.histogram == [0, 12, 0, 0, 0] and o.share_mixed == 1.0 and o.parse_rate == 1.0
+    assert o.sampled_pass1 == 0.25 and o.greedy_pass1 == 1.0 and o.pass_at_k["pass@4"] == 1.0
+    v = result.verdicts()
+    assert v["hint_1"] == v["hint_2"] == "easier"
+    assert v["paraphrase"] == "same" and v["perturb_noise"] == "same"
+    assert v["perturb_rotate"] == "harder" and v["only_vision"] == "inverted"
+    acc = result.accuracy_by_kind()
+    assert acc["original"][0] == 0.25 and acc["hint_1"] == (1.0, 1.0, 1.0) and acc["perturb_rotate"][0] == 0.0
+    assert result.kinds["hint_1"].difference == pytest.approx(0.75) and result.kinds["hint_1"].original_pass1 == 0.25
+    assert not result.warnings and result.model == "oracle"
+    text = " ".join(f["finding"] for f in result.findings)
+    assert "INVERTED variants: only_vision easier (meant harder)" in text and "groups are mixed" in text
+    assert any("diva" in f["warns"] for f in result.findings) and any("diva" in f["favours"] for f in result.findings)
+
+
 # ---------------------------------------------------------------------------------------
 # Statistics by hand
 # ---------------------------------------------------------------------------------------
@@ -188,6 +248,8 @@ def test_group_stats_by_hand():
 def test_verdicts_by_hand(variant, original, family, direction, expected):
     k = compare_kind("k", family, np.array(variant), np.array(original), 2, question_ids=[0, 1, 2, 3], resamples=500)
     assert k.direction == direction and k.verdict == expected
+    was_wrong = [v for v, o in zip(variant, original) if o == 0]
+    assert k.rescued == (np.mean([v > 0 for v in was_wrong]) if was_wrong else None)
     assert k.difference == pytest.approx(np.mean(np.array(variant) - np.array(original)) / 2)
     assert k.difference_ci[0] <= k.difference <= k.difference_ci[1]
 

@@ -14,10 +14,12 @@ from grpo_zoo.bench import (
     BenchError,
     Trial,
     check_fingerprints,
+    is_bench_file,
     load_bench,
     override_strings,
     plan_trials,
     run_trials,
+    validate_bench,
 )
 from grpo_zoo.bench_report import bootstrap_ci, compare, load_trial, summarize, write_report
 from grpo_zoo.configuration import ConfigError, build
@@ -63,11 +65,12 @@ def test_one_trial_by_hand(tmp_path):
 def synthetic_bench(root):
     """grpo finals 0.6/0.7/0.8 (only 0.8 reaches 0.75); diva 0.8/0.85/0.9 (all reach it, at steps 2, 2, 4)."""
     trials = []
-    for recipe, finals, mids in (("grpo", [0.6, 0.7, 0.8], [0.5, 0.6, 0.7]), ("diva", [0.8, 0.85, 0.9], [0.8, 0.76, 0.7])):
+    arms = {"grpo": ([0.6, 0.7, 0.8], [0.5, 0.6, 0.7]), "diva": ([0.8, 0.85, 0.9], [0.8, 0.76, 0.7])}
+    for recipe, (finals, mids) in arms.items():
         for seed, (final, mid) in enumerate(zip(finals, mids)):
             run_dir = root / "trials" / recipe / f"seed-{seed}"
-            hist = {2: {"diva/difficulty": [5.0, 5.0, 6.0]}, 4: {"diva/difficulty": [3.0, 7.0]}} if recipe == "diva" else {
-                2: {"vade/posterior_mean": [0.5, 0.4]}, 4: {"vade/posterior_mean": [0.7, 0.9]}}
+            key = "diva/difficulty" if recipe == "diva" else "vade/posterior_mean"
+            hist = {2: {key: [0.5, 0.5, 0.6]}, 4: {key: [0.3, 0.7]}}
             write_metrics(run_dir, {0: 0.3, 2: mid, 4: final}, egr=[0.5, 0.6, 0.7, 0.8], hist=hist)
             trials.append(Trial(recipe, seed, Path(f"{recipe}.yaml"), [], run_dir))
     return trials
@@ -81,7 +84,8 @@ def test_summary_statistics_match_scipy(tmp_path):
     assert math.isclose(diva.delta, 0.15)
     assert math.isclose(diva.p_value, stats.ttest_ind([0.8, 0.85, 0.9], [0.6, 0.7, 0.8], equal_var=False).pvalue)
     assert math.isnan(grpo.p_value)  # the baseline is not tested against itself
-    ci = stats.bootstrap(([0.6, 0.7, 0.8],), np.mean, n_resamples=999, method="percentile", rng=np.random.default_rng(0))
+    rng = np.random.default_rng(0)
+    ci = stats.bootstrap(([0.6, 0.7, 0.8],), np.mean, n_resamples=999, method="percentile", rng=rng)
     assert grpo.final_ci == pytest.approx((ci.confidence_interval.low, ci.confidence_interval.high))
     assert (grpo.reached, diva.reached) == (1, 3)  # "not reached" seeds are counted, not dropped
     assert grpo.steps_to_target == 4 and grpo.steps_to_target_ci is None  # one seed: no CI
@@ -103,7 +107,8 @@ def test_report_and_plots(tmp_path):
     report = write_report(tmp_path, bench_cfg(seeds=[0, 1, 2, 3]), trials)
     text = report.read_text()
     assert "| grpo | 3/4 | 0.700 [" in text and "1 of 3" in text and "not reached" in text and "| new |" in text
-    for png in ("accuracy_vs_step.png", "effective_gradient_ratio.png", "diva_difficulty.png", "vade_posterior_mean.png"):
+    pngs = ("accuracy_vs_step.png", "effective_gradient_ratio.png", "diva_difficulty.png", "vade_posterior_mean.png")
+    for png in pngs:
         assert (tmp_path / "plots" / png).stat().st_size > 1000 and f"(plots/{png})" in text
     summary = (tmp_path / "summary.json").read_text()
     assert "NaN" not in summary and json.loads(summary)["recipes"][1]["reached"] == 3
@@ -125,9 +130,19 @@ def test_config_errors(tmp_path, change, message):
         load_bench(tmp_path / "b.yaml")
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "bench").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_bench_files_validate(path):
+    assert is_bench_file(path)
+    assert "recipes x" in validate_bench(path)
+    cfg = load_bench(path)
+    assert len(cfg.seeds) >= (5 if path.stem == "testbed" else 2) and cfg.baseline == "grpo"
+    assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo", "durian", "vade", "diva", "diva_vade"} <= set(cfg.recipes)
+
+
 def test_arms_must_be_comparable(tmp_path):
     (tmp_path / "short.yaml").write_text(f"base: {RECIPES / 'rloo.yaml'}\ntrain: {{steps: 7}}\n")
-    (tmp_path / "b.yaml").write_text(json.dumps({"recipes": {"grpo": str(RECIPES / "grpo.yaml"), "short": "short.yaml"}}))
+    recipes = {"grpo": str(RECIPES / "grpo.yaml"), "short": "short.yaml"}
+    (tmp_path / "b.yaml").write_text(json.dumps({"recipes": recipes}))
     with pytest.raises(ConfigError, match="'train.steps' is 7 in 'short'"):
         plan_trials(load_bench(tmp_path / "b.yaml"), tmp_path / "b.yaml", tmp_path / "out", [])
     (tmp_path / "b.yaml").write_text(json.dumps({"recipes": {"grpo": "nowhere.yaml"}}))
@@ -167,7 +182,7 @@ def tiny_bench(tmp_path, recipes, seeds):
     path = tmp_path / "bench.yaml"
     path.write_text(json.dumps({"recipes": {r: str(RECIPES / f"{r}.yaml") for r in recipes}, "seeds": seeds,
                                 "target": 0.5, "bootstrap_resamples": 199, "parallel": 2, "threads_per_trial": 1,
-                                "overrides": {"eval.every": 1, "output.checkpoint_every": 1}}))
+                                "overrides": {"eval.every": 0}}))
     overrides = [f"model.path={model}", "testbed.train_questions=48", "testbed.eval_questions=8",
                  "rollout.group_size=4", "rollout.max_new_tokens=6", "train.steps=2", "train.questions_per_step=2",
                  "eval.num_questions=8", "eval.samples=2", "reward.num_workers=0", "output.tensorboard=false",
@@ -192,6 +207,13 @@ def test_bench_end_to_end_and_resumable(tmp_path, capsys):
     assert main(["bench", str(path), *overrides, "--output-dir", str(out)]) == 0
     assert "4 done, 0 to run" in capsys.readouterr().out
     assert [m.stat().st_mtime_ns for m in markers] == stamps  # nothing reran
+
+
+def test_failed_trial_is_reported_and_rerun(tmp_path, capsys):
+    trial = Trial("grpo", 0, RECIPES / "grpo.yaml", ["train.stepz=3"], tmp_path / "t")  # fails fast in the child
+    assert run_trials([trial], parallel=1, threads=1) == 1
+    assert trial.status() == "failed" and "stepz" in (trial.run_dir / "train.log").read_text()
+    assert "failed" in capsys.readouterr().out  # with the log's tail; next `bench` call runs it again
 
 
 def test_bench_on_local_ray(tmp_path):

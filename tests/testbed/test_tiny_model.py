@@ -140,3 +140,12 @@ def test_warmup_rejects_bad_settings(tmp_path):
         ensure_testbed_model(_tiny_warmup_cfg(tmp_path, warmup_lr_min=1.0))
     with pytest.raises(ValueError, match="hint_share"):
         ensure_testbed_model(_tiny_warmup_cfg(tmp_path, warmup_hint_share=0.8, warmup_paraphrase_share=0.5))
+
+
+def test_warmup_lr_holds_then_decays_to_the_minimum(tmp_path):
+    from grpo_zoo.testbed.warmup import _lr_at
+
+    cfg = _tiny_warmup_cfg(tmp_path, warmup_steps=10, warmup_hold_share=0.5, warmup_lr=1e-3, warmup_lr_min=1e-4)
+    lrs = [_lr_at(step, cfg) for step in range(10)]
+    assert lrs[:6] == [1e-3] * 6  # steps 0-4 held, step 5 starts the cosine at its top
+    assert all(a > b for a, b in zip(lrs[5:], lrs[6:])) and lrs[-1] == pytest.approx(1e-4)
