@@ -427,7 +427,7 @@ def _kind_rows(result: AuditResult) -> list[str]:
 
 def _durian_line(durian: dict[str, Any]) -> str:
     parts = []
-    for key, label in (("visual_entropy", "entropy"), ("confidence", "confidence")):
+    for key, label in (("visual_entropy", "entropy (low/mid/high)"), ("confidence", "confidence (least..most)")):
         sig = durian.get(key, {})
         if not sig.get("available"):
             parts.append(f"{label}: n/a ({sig.get('reason', 'not computed')})")
@@ -435,7 +435,7 @@ def _durian_line(durian: dict[str, Any]) -> str:
         accs = "/".join("-" if g["accuracy"] is None else f"{g['accuracy']:.2f}" for g in sig["groups"])
         rho = "n/a" if sig["spearman_rho"] is None else f"{sig['spearman_rho']:+.2f}"
         falls = "falls" if sig["accuracy_falls"] else "does NOT fall"
-        parts.append(f"{label} acc {accs} (rho {rho}: {falls})")
+        parts.append(f"{label} acc {accs} (rho with difficulty {rho}: {falls})")
     return "; ".join(parts)
 
 
@@ -519,9 +519,14 @@ def plot(result: AuditResult, path: Path) -> None:
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[max(2, len(names)), 4])
     ax1.bar(range(len(names)), means, yerr=err, color=bar_colours, capsize=3)
     ax1.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-    ax1.set_ylim(0, 1)
+    ax1.set_ylim(0, 1.15)  # headroom for the legend
+    ax1.set_yticks(np.linspace(0, 1, 6))
     ax1.set_ylabel("sampled pass@1 (CI)")
     ax1.set_title("accuracy by variant kind")
+    from matplotlib.patches import Patch
+
+    used = ["original", *dict.fromkeys(result.kinds[n].verdict for n in names[1:])]
+    ax1.legend(handles=[Patch(color=colours[v], label=v) for v in used], fontsize=7, ncols=len(used), loc="upper right")
     o = result.originals
     ax2.bar(range(o.group_size + 1), o.histogram, color=colours["original"])
     ax2.set_xticks(range(o.group_size + 1))

@@ -156,7 +156,7 @@ class TestbedConfig:
     train_questions: int = 4000  # a finite pool, revisited over epochs
     eval_questions: int = 512
     seed: int = 0
-    warmup_steps: int = 400
+    warmup_steps: int = 600  # ~3.5 min on 2 idle threads (~0.35 s per step of 32), ~5 min on 1
     warmup_batch_size: int = 32
     warmup_lr: float = 1e-3  # 2e-3 did not learn in the feasibility probe
     warmup_lr_min: float = 1e-4  # the cosine schedule ends here
