@@ -10,7 +10,7 @@ from pathlib import Path
 from grpo_zoo.configuration import ConfigError
 from grpo_zoo.registry import ALL_REGISTRIES, RegistryError
 
-DEFAULT_RECIPE = "testbed/diva.yaml"
+DEFAULT_RECIPE = "default.yaml"
 AUDIT_HELP = """\
 Sample G responses for a seeded subset of the training questions with the recipe's prompt
 template, sampling and reward, and report: all-wrong / mixed / all-right groups, the success
@@ -55,7 +55,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from grpo_zoo.config import load_config
 
     failed = 0
-    for path in args.files:
+    for path in expand_paths(args.files):
         try:
             if is_bench_file(path):
                 print(f"ok   {path}: {validate_bench(path, args.overrides)}")
@@ -68,6 +68,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         algo = cfg.algorithm
         print(f"ok   {path}: estimator={algo.estimator.name} selector={algo.selector.name} loss={algo.loss.name}")
     return 1 if failed else 0
+
+
+def expand_paths(paths: list[str]) -> list[str]:
+    """Files as given; a directory stands for every YAML file under it."""
+    out: list[str] = []
+    for path in paths:
+        p = Path(path)
+        out.extend(sorted(str(f) for f in p.rglob("*.yaml")) if p.is_dir() else [path])
+    return out
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -115,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     validate = sub.add_parser("validate", help="dry-run recipes: build every config without loading a model")
-    validate.add_argument("files", nargs="+", help="recipe YAML files")
+    validate.add_argument("files", nargs="+", help="recipe or bench YAML files, or directories of them")
     validate.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value override")
     validate.set_defaults(func=cmd_validate)
 
