@@ -47,6 +47,7 @@ class Run:
     model_path: str
     step: int = 0
     counters: dict[str, float] = field(default_factory=dict)  # cumulative, saved in checkpoints
+    first_eval: dict[str, float] = field(default_factory=dict)  # the eval at step 0, kept across resumes
     visual_entropy_cache: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
 

@@ -291,9 +291,7 @@ def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_di
 def loop(run: Run, start_step: int) -> TrainResult:
     cfg = run.cfg
     result = TrainResult(run.run_dir, start_step)
-    result.first_eval = (
-        dict(run.counters.get("first_eval", {})) if isinstance(run.counters.get("first_eval"), dict) else {}
-    )
+    result.first_eval = dict(run.first_eval)  # restored from the checkpoint on resume
     if start_step == 0 and cfg.eval.at_start and run.eval_pool:
         result.first_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
         run.logger.log(0, result.first_eval)
@@ -352,7 +350,7 @@ def trainer_state(run: Run, result: TrainResult) -> dict[str, Any]:
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "selector": run.selector.state_dict(),
-        "counters": {k: v for k, v in run.counters.items() if k != "first_eval"},
+        "counters": dict(run.counters),
         "first_eval": result.first_eval,
     }
 
@@ -364,7 +362,7 @@ def restore(run: Run, step: int, state: dict[str, Any]) -> None:
     run.scheduler.load_state_dict(state["scheduler"])
     run.selector.load_state_dict(state["selector"])
     run.counters.update(state.get("counters", {}))
-    run.counters["first_eval"] = state.get("first_eval", {})
+    run.first_eval = state.get("first_eval", {})
     run.step = step
 
 
