@@ -179,3 +179,15 @@ def per_question(
     sums = np.bincount(dense, weights=values, minlength=len(positions))
     counts = np.bincount(dense, minlength=len(positions)).astype(np.float64)
     return positions, sums, counts
+
+
+# The Selector Protocol's post-rollout hooks for selectors that never filter or refill:
+# assign them as methods (`filter = keep_every_prompt`) rather than repeating the bodies.
+def keep_every_prompt(self: Any, feedback: StepFeedback) -> torch.Tensor:  # [B] bool
+    """Keep every rolled-out prompt."""
+    return torch.ones(len(feedback.prompts), dtype=torch.bool)
+
+
+def no_refill(self: Any, step: int, kept_prompts: int, round: int) -> list[Prompt]:
+    """One rollout round per step: never ask for more prompts."""
+    return []

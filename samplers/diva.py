@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from grpo_zoo.registry import SELECTORS
 from grpo_zoo.samplers import _diva_plan as plan
@@ -28,7 +27,9 @@ from grpo_zoo.samplers._common import (
     check_batch_size,
     check_pool_length,
     index_of_questions,
+    keep_every_prompt,
     keyed_rng,
+    no_refill,
     original_prompt,
     per_question,
 )
@@ -236,11 +237,8 @@ class DivaSelector:
             metrics[f"diva/share_{kind}"] = kinds[kind] / len(variants) if variants else 0.0
         return {k: v for k, v in metrics.items() if np.isfinite(v)}
 
-    def filter(self, feedback: StepFeedback) -> torch.Tensor:  # [B] bool
-        return torch.ones(len(feedback.prompts), dtype=torch.bool)
-
-    def refill(self, step: int, kept_prompts: int, round: int) -> list[Prompt]:
-        return []
+    filter = keep_every_prompt
+    refill = no_refill
 
     # ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -6,10 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from grpo_zoo.registry import SELECTORS
-from grpo_zoo.samplers._common import EpochOrder, check_batch_size, original_prompt
+from grpo_zoo.samplers._common import EpochOrder, check_batch_size, keep_every_prompt, no_refill, original_prompt
 from grpo_zoo.types import Prompt, Question, StepFeedback
 
 
@@ -44,11 +42,8 @@ class UniformSelector:
     def update(self, feedback: StepFeedback) -> dict[str, float]:
         return {"uniform/epoch": float(self.order.epoch), "uniform/epoch_progress": self.order.cursor / len(self.pool)}
 
-    def filter(self, feedback: StepFeedback) -> torch.Tensor:  # [B] bool
-        return torch.ones(len(feedback.prompts), dtype=torch.bool)
-
-    def refill(self, step: int, kept_prompts: int, round: int) -> list[Prompt]:
-        return []
+    filter = keep_every_prompt
+    refill = no_refill
 
     def state_dict(self) -> dict[str, Any]:
         return {"order": self.order.state_dict()}

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from grpo_zoo.registry import SELECTORS
 from grpo_zoo.samplers._common import (
     check_batch_size,
     check_pool_length,
     index_of_questions,
+    keep_every_prompt,
+    no_refill,
     original_prompt,
     per_question,
     rng_state,
@@ -156,11 +157,8 @@ class VadeSelector:
         metrics["vade/visited_share"] = float(((a + b) > 0).mean())
         return metrics
 
-    def filter(self, feedback: StepFeedback) -> torch.Tensor:  # [B] bool
-        return torch.ones(len(feedback.prompts), dtype=torch.bool)
-
-    def refill(self, step: int, kept_prompts: int, round: int) -> list[Prompt]:
-        return []
+    filter = keep_every_prompt
+    refill = no_refill
 
     # ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
