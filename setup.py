@@ -4,7 +4,7 @@ The top-level algorithms/, samplers/ and configs/ folders install as grpo_zoo.al
 grpo_zoo.samplers and grpo_zoo.configs (package_dir); an editable install keeps that working.
 """
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 PLUGIN_DIRS = {"grpo_zoo.algorithms": "algorithms", "grpo_zoo.samplers": "samplers", "grpo_zoo.configs": "configs"}
 
@@ -15,9 +15,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["grpo_zoo", "grpo_zoo.testbed", *PLUGIN_DIRS],
+    packages=[*find_packages(include=["grpo_zoo", "grpo_zoo.*"]), *PLUGIN_DIRS],
     package_dir={"grpo_zoo": "grpo_zoo", **PLUGIN_DIRS},
-    package_data={"grpo_zoo.configs": ["*.yaml", "*/*.yaml", "*/*/*.yaml"]},
+    package_data={"grpo_zoo.configs": ["*.yaml", "*/*.yaml", "*/*/*.yaml"], "grpo_zoo.augment": ["templates/*.txt"]},
     install_requires=[
         # torch is pinned by the install commands (the CPU build); any 2.x works here.
         "torch>=2.4",
@@ -36,9 +36,11 @@ setup(
     ],
     extras_require={
         "ray": ["ray[default]>=2.40"],
-        "deepspeed": ["deepspeed>=0.16"],
-        "vllm": ["vllm>=0.8"],  # GPU only; imported lazily
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "pytest-timeout>=2.3"],
+        "deepspeed": ["deepspeed>=0.19.8"],
+        "vllm": ["vllm>=0.10.2"],  # GPU only; imported lazily
+        # ray and deepspeed so the test suite exercises both backends (on CPU: local Ray, gloo)
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "pytest-timeout>=2.3", "ray>=2.40",
+                 "deepspeed>=0.19.8"],
     },
     entry_points={"console_scripts": ["grpo-zoo = grpo_zoo.cli:main"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],

@@ -45,6 +45,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.config = None
     path = Path(args.config) if args.config else default_recipe()
     cfg = load_config(path, overrides)
+    if args.strict:
+        cfg.data.strict = True
     result = train(cfg, recipe=path.stem, resume=args.resume, output_dir=args.output_dir)
     print(result.summary())
     return 0
@@ -53,6 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from grpo_zoo.bench import is_bench_file, validate_bench
     from grpo_zoo.config import load_config
+    from grpo_zoo.run import check_config
 
     failed = 0
     for path in expand_paths(args.files):
@@ -61,6 +64,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"ok   {path}: {validate_bench(path, args.overrides)}")
                 continue
             cfg = load_config(path, args.overrides)
+            check_config(cfg, environment=False)  # cross-field errors (G, batch sizes, rewards) too
         except ConfigError as exc:
             failed += 1
             print(f"FAIL {path}: {exc}")
@@ -109,6 +113,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return run_cli(args, default_recipe())
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from grpo_zoo.evaluate import run_cli
+
+    return run_cli(args, default_recipe())
+
+
+def cmd_augment(args: argparse.Namespace) -> int:
+    from grpo_zoo.augment.cli import run_cli
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-zoo",
@@ -121,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.steps=20")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     train.add_argument("--output-dir", help="where logs and checkpoints go (default: output.dir of the recipe)")
+    train.add_argument("--strict", action="store_true",
+                       help="stop at the first bad dataset row instead of skipping it (sets data.strict)")
     train.set_defaults(func=cmd_train)
 
     validate = sub.add_parser("validate", help="dry-run recipes: build every config without loading a model")
@@ -165,6 +183,46 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--no-progress", action="store_true", help="no progress bar")
     audit.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 is best on a busy machine)")
     audit.set_defaults(func=cmd_audit)
+
+    evl = sub.add_parser(
+        "eval", help="greedy / mean@n / pass@k accuracy of one or more models on held-out datasets, with breakdowns",
+        description="Score models with the recipe's prompt template and reward (the recipe: --config, else the "
+        "first model's grpo_zoo run, else the default). One comparison table per dataset; eval.json and eval.md.",
+    )
+    evl.add_argument("--model", action="append", required=True, metavar="[LABEL=]PATH",
+                     help="HF dir, grpo_zoo run/checkpoint dir, or `testbed`; repeat to compare models")
+    evl.add_argument("--data", action="append", metavar="[LABEL=]DATA",
+                     help="dataset file/dir or `testbed` (its held-out split); repeat for more (default: data.eval)")
+    evl.add_argument("--config", help="recipe YAML: template, system prompt, reward, sampling, data columns")
+    evl.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value recipe override")
+    evl.add_argument("--output-dir", help="where eval.json and eval.md go (default: runs/eval-<time>)")
+    evl.add_argument("--samples", type=int, default=-1, help="sampled responses per question (eval.samples); 0 = none")
+    evl.add_argument("--k", help="comma-separated k for pass@k, each <= --samples (default: --samples)")
+    evl.add_argument("--no-greedy", action="store_true", help="skip the greedy response per question")
+    evl.add_argument("--by", help="comma-separated dataset columns to break the figures down by, e.g. subject,level")
+    evl.add_argument("--limit", type=int, default=0, help="only the first N questions of each dataset")
+    evl.add_argument("--batch-size", type=int, default=0, help="sequences per generate call (eval.batch_size)")
+    evl.add_argument("--max-new-tokens", type=int, default=0, help="response cut (rollout.max_new_tokens)")
+    evl.add_argument("--temperature", type=float, help="sampling temperature (rollout.temperature)")
+    evl.add_argument("--top-p", type=float, help="nucleus top-p (rollout.top_p)")
+    evl.add_argument("--seed", type=int, default=1234, help="sampling seed, the same for every model (1234)")
+    evl.add_argument("--backend", choices=["hf", "vllm", "auto"], help="generation backend (rollout.backend); "
+                     "auto = vllm on a GPU where installed")
+    evl.add_argument("--chat-template", help="Jinja chat template file or text for models without one; "
+                     "`none` = plain text")
+    evl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    evl.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    evl.set_defaults(func=cmd_eval)
+
+    from grpo_zoo.augment.cli import HELP as AUGMENT_HELP
+    from grpo_zoo.augment.cli import add_arguments as add_augment_arguments
+
+    augment = sub.add_parser(
+        "augment", help="write DIVA's paraphrase and hint-step columns into a dataset with a teacher model",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=AUGMENT_HELP,
+    )
+    add_augment_arguments(augment)
+    augment.set_defaults(func=cmd_augment)
     return parser
 
 

@@ -58,14 +58,33 @@ class DataConfig:
 
 
 @dataclass
+class VllmConfig:
+    """The vLLM engine of `rollout.backend: vllm`, colocated with training on the same GPU."""
+
+    gpu_memory_utilization: float = 0.4  # share of GPU memory vLLM takes (weights + KV cache); the rest trains
+    sleep_level: int = 1  # between rollouts: 1 = weights to CPU RAM and KV cache freed, 2 = both freed
+    #   (less RAM; fine here since new weights are loaded after every update anyway), 0 = never sleep
+    enforce_eager: bool = False  # skip CUDA graph capture: slower decoding, faster start, less memory
+    max_model_len: int = 0  # prompt + response tokens; 0 = data.max_prompt_length + rollout.max_new_tokens
+    tensor_parallel_size: int = 1  # GPUs one engine spans (weights sync in-process only with 1)
+    max_images_per_prompt: int = 4  # vLLM reserves encoder memory for this many images per prompt
+
+
+@dataclass
 class RolloutConfig:
     """How responses are sampled."""
 
-    backend: Literal["hf", "vllm"] = "hf"  # vllm needs a GPU and the [vllm] extra
+    backend: Literal["hf", "ray", "vllm"] = "hf"  # ray = hf policy copies in Ray actors (distributed.ray);
+    #   vllm needs a GPU and the [vllm] extra
     group_size: int = 8  # G responses per prompt; group methods need G >= 2
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 64  # responses are cut here (and scored as they are)
+    sampling_shards: int = 0  # each rollout is split into this many contiguous blocks of prompts, each sampled
+    #   from its own seed drawn from the step's RNG: the samples then depend on this number, never on how many
+    #   workers run the blocks, so an hf run and a Ray run with equal shards match bit for bit on CPU.
+    #   0 = one block per Ray rollout worker, and for hf one batch on the global RNG (the fastest on one CPU)
+    vllm: VllmConfig = field(default_factory=VllmConfig)  # engine options, read only by backend vllm
 
 
 @dataclass
@@ -105,6 +124,40 @@ class AlgorithmConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """DeepSpeed ZeRO options, read only by `train.backend: deepspeed` (the [deepspeed] extra).
+
+    Launch with `torchrun --nproc_per_node N -m grpo_zoo.cli train ...` (or the `deepspeed`
+    launcher); a single process without a launcher also works (world size 1). Every rank runs
+    the same selector; rollouts are split among ranks and gathered, and each rank trains on its
+    share of every mini-batch while DeepSpeed averages the gradients.
+    """
+
+    zero_stage: int = 2  # 1 = optimizer state sharded, 2 = + gradients, 3 = + parameters (largest models)
+    offload_optimizer: bool = False  # fp32 master weights and Adam moments in CPU RAM: less GPU memory,
+    #   slower steps (the optimizer runs on the CPU)
+    offload_params: bool = False  # stage 3 only: parameters rest in CPU RAM between uses
+    dist_backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto = nccl on GPUs, gloo on CPU
+    reduce_bucket_size: int = 50_000_000  # elements per gradient reduction bucket: larger = fewer, bigger messages
+    allgather_bucket_size: int = 50_000_000  # elements per parameter all-gather bucket (stages 1-2)
+    overlap_comm: bool = False  # overlap gradient reduction with backward (more memory for buffers)
+    contiguous_gradients: bool = True  # copy gradients into one buffer as they come: less fragmentation
+    extra: dict[str, Any] = field(default_factory=dict)  # merged last into the generated DeepSpeed config
+    #   (expert knobs, e.g. {"zero_optimization": {"sub_group_size": 1e9}}); batch sizes are set by grpo_zoo
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (1, 2, 3):
+            raise ValueError(f"train.deepspeed.zero_stage must be 1, 2 or 3, got {self.zero_stage}")
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(
+                "train.deepspeed.offload_params needs zero_stage 3 (only stage 3 partitions parameters); "
+                "set zero_stage: 3 or offload_params: false"
+            )
+        if self.reduce_bucket_size < 1 or self.allgather_bucket_size < 1:
+            raise ValueError("train.deepspeed.reduce_bucket_size and allgather_bucket_size must be >= 1")
+
+
+@dataclass
 class TrainConfig:
     """The optimisation loop."""
 
@@ -122,6 +175,9 @@ class TrainConfig:
     kl_estimator: Literal["k1", "k3"] = "k3"
     seed: int = 0
     max_cpu_seconds: float = 0.0  # stop when the process has used this much CPU time; 0 = off
+    backend: Literal["plain", "deepspeed"] = "plain"  # plain = one process, one device; deepspeed = ZeRO
+    #   data parallel over the processes of torchrun/deepspeed (or one process), see train.deepspeed
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # read only by backend deepspeed
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.questions_per_step < 1:
@@ -170,12 +226,53 @@ class TestbedConfig:
 
 
 @dataclass
+class WorkerResources:
+    """What Ray reserves for one worker actor (it is placed on a node that has all of it)."""
+
+    num_cpus: float = 1.0  # CPUs per worker; a rollout worker also runs max(1, int(num_cpus)) torch threads
+    num_gpus: float = 0.0  # GPUs per worker; a fraction lets several workers share one GPU
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. {"rollout_node": 1}
+
+
+@dataclass
+class RayConfig:
+    """Rollout and reward workers as Ray actors (used by `rollout.backend: ray` and num_reward_workers > 0)."""
+
+    address: str = ""  # "" = start a private local cluster; "auto" = join the running one; "ray://host:10001"
+    num_rollout_workers: int = 2  # actors each holding a policy copy; prompts are split among them
+    num_reward_workers: int = 0  # actors scoring in parallel, each with reward.num_workers processes; 0 = none
+    rollout: WorkerResources = field(default_factory=WorkerResources)  # per rollout worker
+    reward: WorkerResources = field(default_factory=WorkerResources)  # per reward worker
+    num_cpus: int = 0  # a local cluster's CPUs; 0 = all cores (ignored when joining a cluster)
+    object_store_mb: int = 0  # a local cluster's object store; 0 = Ray's default (30% of RAM). It holds one
+    #   copy of the weights per update plus the prompts and responses in flight
+    max_restarts: int = 3  # a worker that dies is restarted this many times in a run
+    max_call_retries: int = 3  # a call whose worker died is re-sent (same inputs and seed) this many times
+
+    def __post_init__(self) -> None:
+        if self.num_rollout_workers < 1 or self.num_reward_workers < 0:
+            raise ValueError(
+                "distributed.ray.num_rollout_workers must be >= 1 and distributed.ray.num_reward_workers >= 0"
+            )
+        if self.max_restarts < 0 or self.max_call_retries < 0:
+            raise ValueError("distributed.ray.max_restarts and max_call_retries must be >= 0")
+
+
+@dataclass
+class DistributedConfig:
+    """Work spread over processes and nodes."""
+
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
 class Config:
     """A whole recipe."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -187,6 +284,8 @@ class Config:
 
 def check_rewards_exist(cfg: Config) -> None:
     for i, spec in enumerate(cfg.reward.functions):
+        if ":" in spec.name:
+            continue  # an import path `module:function`: checked on import (run.check_config)
         if spec.name not in REWARDS:
             from grpo_zoo.registry import RegistryError
 

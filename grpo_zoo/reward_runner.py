@@ -91,12 +91,21 @@ def _call(fn: RewardFn, response: str, answer: str, context: dict[str, Any]) -> 
     """Run one reward call: ("ok", float) | ("error", message) | ("invalid", repr of a non-number)."""
     try:
         value = fn(response, answer, **context)
-    except Exception as exc:  # a user function's bug costs that response its reward, not the run
+    except (Exception, SystemExit) as exc:  # a user function's bug (even exit()) costs one reward, not the run
         return "error", f"{type(exc).__name__}: {exc}"[:500]
+    if isinstance(value, (str, bytes)):  # float("1") would pass: a string is a bug, not a score
+        return "invalid", repr(value)[:200]
     try:
         return "ok", float(value)
-    except (TypeError, ValueError):
-        return "invalid", repr(value)[:200]
+    except Exception:  # TypeError, ValueError, OverflowError (an int beyond float), a broken __float__
+        return "invalid", _safe_repr(value)
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)[:200]
+    except Exception:
+        return f"<{type(value).__name__} without a repr>"
 
 
 def _worker_main(conn: Connection, refs: list[tuple[str, str | None]]) -> None:
@@ -290,6 +299,10 @@ class RewardRunner:
         try:
             while pending or any(w.inflight for w in self._workers):
                 for k, w in enumerate(self._workers):
+                    if w.ready and not w.inflight and pending and not w.process.is_alive():
+                        w.kill()  # died while idle (killed from outside): restart it, charging no call
+                        self._workers[k] = _Worker(self._ctx, self._refs)
+                        continue
                     if w.ready and not w.inflight and pending:
                         ids = [pending.popleft() for _ in range(min(chunk, len(pending)))]
                         calls = [(jobs[j][0], responses[jobs[j][1]], answers[jobs[j][1]], contexts[jobs[j][1]])
@@ -384,6 +397,23 @@ class RewardRunner:
         self.close()
 
 
+def check_reward_settings(specs: Sequence[tuple[str, float]], accuracy_function: str = "accuracy",
+                          reward_max: float = 1.0, timeout_s: float = 5.0, num_workers: int = 1) -> None:
+    """What RewardRunner checks at construction, for a config check before any model loads.
+
+    Raises ValueError naming the recipe field (weights, R_max, time limit, workers), or the
+    function that cannot be imported or is unknown to the registry.
+    """
+    from grpo_zoo.registry import RegistryError
+
+    _check_settings(specs, accuracy_function, reward_max, timeout_s, num_workers)
+    for name, _ in specs:
+        try:
+            resolve_reward(name)
+        except RegistryError as exc:
+            raise ValueError(f"reward.functions: {exc}") from None
+
+
 def _check_settings(specs: Sequence[tuple[str, float]], accuracy_function: str, reward_max: float,
                     timeout_s: float, num_workers: int) -> None:
     """Config errors, each naming the recipe field to change."""
@@ -411,4 +441,4 @@ def _check_settings(specs: Sequence[tuple[str, float]], accuracy_function: str, 
         raise ValueError(f"reward.num_workers must be >= 0 (0 = score inline), got {num_workers}")
 
 
-__all__ = ["RewardResult", "RewardRunner", "resolve_reward"]
+__all__ = ["RewardResult", "RewardRunner", "check_reward_settings", "resolve_reward"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from grpo_zoo.backends.rollout import HfRollout, sampling_from_config
 from grpo_zoo.types import Prompt, RolloutBatch, StepFeedback
 
 if TYPE_CHECKING:
@@ -31,14 +32,8 @@ class ScoredBatch:
 def rollout_and_score(run: Run, prompts: list[Prompt], step: int) -> ScoredBatch:
     cfg = run.cfg
     encoded = run.policy.encode(prompts, template=cfg.data.prompt_template, system_prompt=cfg.data.system_prompt)
-    rollout = run.policy.generate(
-        encoded,
-        group_size=cfg.rollout.group_size,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
-    rollout.policy_version = step
+    backend = run.rollout_backend or HfRollout(run.policy)
+    rollout = backend.generate(encoded, sampling_from_config(cfg), version=step)  # the weights of `step` updates
     answers = [prompts[i].answer for i in rollout.prompt_index.tolist()]
     result = run.rewards.score(rollout.response_texts, answers)
     shaped = result.overall

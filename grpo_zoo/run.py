@@ -17,7 +17,7 @@ import torch
 
 from grpo_zoo.config import Config
 from grpo_zoo.configuration import ConfigError
-from grpo_zoo.data import LoadReport, load_questions
+from grpo_zoo.data import LoadReport, fit_to_policy, load_questions
 from grpo_zoo.evaluation import EvalSettings
 from grpo_zoo.metrics import MetricsLogger
 from grpo_zoo.registry import ESTIMATORS, LOSSES, SELECTORS, Entry
@@ -39,7 +39,7 @@ class Run:
     selector: Any
     estimator: Entry
     loss: Entry
-    rewards: Any  # RewardRunner
+    rewards: Any  # RewardRunner, or RayRewardScorer (same score interface) with distributed.ray reward workers
     train_pool: list[Question]
     eval_pool: list[Question]
     eval_settings: EvalSettings
@@ -50,14 +50,28 @@ class Run:
     first_eval: dict[str, float] = field(default_factory=dict)  # the eval at step 0, kept across resumes
     visual_entropy_cache: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    train_backend: Any = None  # backends.train_backend: owns backward, clip + step and the optimizer's state
+    rollout_backend: Any = None  # backends.rollout.RolloutBackend; None = hf sampling with `policy`
 
     def close(self) -> None:
         self.logger.close()
         self.rewards.close()
+        if self.rollout_backend is not None:
+            self.rollout_backend.close()
 
 
-def check_config(cfg: Config) -> None:
-    """Cross-field checks that need no model: caught before anything heavy loads."""
+def check_config(cfg: Config, environment: bool = True) -> None:
+    """Every user error that needs no model, caught before anything heavy loads.
+
+    Each ConfigError names the field and what to change. environment=False skips what depends
+    on this machine (model and dataset paths, installed backends, a GPU), for `grpo-zoo
+    validate` of a recipe meant for another machine.
+    """
+    for bad, message in _field_checks(cfg):
+        if bad:
+            raise ConfigError(message)
+    _check_batches(cfg)
+    _check_rewards(cfg)
     tr = cfg.train
     needs_groups = getattr(ESTIMATORS.get(cfg.algorithm.estimator.name).obj, "min_group_size", 2)
     if cfg.rollout.group_size < needs_groups:
@@ -70,24 +84,147 @@ def check_config(cfg: Config) -> None:
             f"train.mini_batch_size = {tr.mini_batch_size} is not divisible by train.micro_batch_size = "
             f"{tr.micro_batch_size}; choose a micro batch that divides the mini batch"
         )
-    if cfg.rollout.backend != "hf":
-        raise ConfigError(f"rollout.backend '{cfg.rollout.backend}' is not available in this build; use 'hf'")
+    if environment:
+        check_backends(cfg)
     if cfg.eval.samples < 0 or cfg.eval.num_questions < 0:
         raise ConfigError("eval.samples and eval.num_questions must be >= 0")
+    if environment:
+        check_model_path(cfg.model.path)
+        for key in ("train", "eval"):
+            source = getattr(cfg.data, key)
+            if source != "testbed" and not Path(source).expanduser().exists():
+                raise ConfigError(
+                    f"data.{key} '{source}' does not exist: give a local parquet/jsonl/arrow file or directory, "
+                    "or 'testbed'"
+                )
+
+
+def _field_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """(is wrong, message) for every single-field range the dataclasses do not check themselves."""
+    tr, ro, data, out = cfg.train, cfg.rollout, cfg.data, cfg.output
+    return [
+        (not (math.isfinite(tr.lr) and tr.lr > 0), f"train.lr must be a positive number, got {tr.lr}"),
+        (tr.epochs_per_step < 1, f"train.epochs_per_step must be >= 1, got {tr.epochs_per_step}"),
+        (tr.mini_batch_size < 0 or tr.micro_batch_size < 0,
+         "train.mini_batch_size and train.micro_batch_size must be >= 0 (0 = the whole batch)"),
+        (not tr.grad_clip >= 0, f"train.grad_clip must be >= 0 (0 = no clipping), got {tr.grad_clip}"),
+        (not tr.kl_coef >= 0, f"train.kl_coef must be >= 0, got {tr.kl_coef}"),
+        (not tr.weight_decay >= 0, f"train.weight_decay must be >= 0, got {tr.weight_decay}"),
+        (tr.lr_warmup_steps < 0, f"train.lr_warmup_steps must be >= 0, got {tr.lr_warmup_steps}"),
+        (ro.max_new_tokens < 1, f"rollout.max_new_tokens must be >= 1, got {ro.max_new_tokens}"),
+        (not ro.temperature > 0, f"rollout.temperature must be > 0, got {ro.temperature}"),
+        (not 0 < ro.top_p <= 1, f"rollout.top_p must be in (0, 1], got {ro.top_p}"),
+        (data.max_prompt_length < 1, f"data.max_prompt_length must be >= 1 token, got {data.max_prompt_length}"),
+        (not 0 <= data.max_bad_row_share <= 1,
+         f"data.max_bad_row_share must be a share in [0, 1], got {data.max_bad_row_share}"),
+        ("{problem}" not in data.prompt_template,
+         f"data.prompt_template must contain '{{problem}}' (where the question goes), got {data.prompt_template!r}"),
+        (data.min_pixels > data.max_pixels,
+         f"data.min_pixels ({data.min_pixels}) must be <= data.max_pixels ({data.max_pixels})"),
+        (out.checkpoint_every < 0, f"output.checkpoint_every must be >= 0 (0 = only at the end), got "
+                                   f"{out.checkpoint_every}"),
+        (out.keep_checkpoints < 1, f"output.keep_checkpoints must be >= 1, got {out.keep_checkpoints}"),
+    ]
+
+
+def responses_per_step(cfg: Config) -> int:
+    """N of a step as configured: questions x (1 + variants of every nested selector) x G."""
+    prompts = cfg.train.questions_per_step
+    spec = cfg.algorithm.selector
+    while spec is not None:
+        options = getattr(spec, "config", None)
+        prompts *= 1 + int(getattr(options, "num_variants", 0) or 0)
+        spec = getattr(options, "inner", None)
+    return prompts * cfg.rollout.group_size
+
+
+def _check_batches(cfg: Config) -> None:
+    """Mini-batches must split a step's N responses evenly, so every optimizer step weighs alike."""
+    tr = cfg.train
+    n = responses_per_step(cfg)
+    parts = f"{cfg.train.questions_per_step} train.questions_per_step x {cfg.rollout.group_size} rollout.group_size"
+    if n != cfg.train.questions_per_step * cfg.rollout.group_size:
+        parts += " x (1 + the selector's num_variants)"
+    if tr.mini_batch_size > 0 and n % tr.mini_batch_size:
+        divisors = [d for d in range(1, n + 1) if n % d == 0 and d <= tr.mini_batch_size]
+        raise ConfigError(
+            f"a step's batch of {n} responses ({parts}) is not divisible by train.mini_batch_size = "
+            f"{tr.mini_batch_size}; set train.mini_batch_size to a divisor of {n} (e.g. {divisors[-1]}) or 0 "
+            "(the whole batch), or change the batch"
+        )
+    if tr.micro_batch_size > 0 and not tr.mini_batch_size and n % tr.micro_batch_size:
+        raise ConfigError(
+            f"a step's batch of {n} responses ({parts}) is not divisible by train.micro_batch_size = "
+            f"{tr.micro_batch_size}; set train.micro_batch_size to a divisor of {n}"
+        )
+
+
+def _check_rewards(cfg: Config) -> None:
+    """The reward runner's own checks (weights, R_max, time limit, importable functions) as ConfigErrors."""
+    from grpo_zoo.reward_runner import check_reward_settings
+
+    try:
+        check_reward_settings(
+            [(f.name, f.weight) for f in cfg.reward.functions],
+            cfg.reward.accuracy_function,
+            cfg.reward.reward_max,
+            cfg.reward.timeout_s,
+            cfg.reward.num_workers,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_model_path(path_text: str) -> None:
+    """model.path must be `testbed` or a local directory with a config.json (nothing is downloaded)."""
+    if path_text == "testbed":
+        return
+    path = Path(path_text).expanduser()
+    if not (path / "config.json").is_file():
+        hint = "no such directory" if not path.exists() else "it has no config.json"
+        raise ConfigError(
+            f"model.path '{path_text}' is not a local Hugging Face model directory ({hint}); give a directory "
+            "with the config.json and weights of save_pretrained (download the model first: grpo_zoo never "
+            "downloads), or 'testbed'"
+        )
+
+
+def check_backends(cfg: Config) -> None:
+    """The rollout backend and Ray workers can run here (their optional packages are installed)."""
+    import importlib.util
+
+    if cfg.rollout.sampling_shards < 0:
+        raise ConfigError(f"rollout.sampling_shards = {cfg.rollout.sampling_shards}; use 0 (automatic) or more")
+    wants_ray = cfg.rollout.backend == "ray" or cfg.distributed.ray.num_reward_workers > 0
+    if wants_ray and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "rollout.backend 'ray' and distributed.ray.num_reward_workers > 0 need Ray: pip install 'grpo_zoo[ray]' "
+            "(or 'ray[default]'), or use rollout.backend=hf and distributed.ray.num_reward_workers=0"
+        )
+    if cfg.rollout.backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("rollout.backend 'vllm' needs vLLM: pip install 'grpo_zoo[vllm]' (GPU only), or use 'hf'")
+        if not torch.cuda.is_available() or pick_device(cfg.model.device) == "cpu":
+            raise ConfigError("rollout.backend 'vllm' runs on a GPU, colocated with training; use 'hf' on CPU")
 
 
 def resolve_model_path(cfg: Config) -> str:
+    """The local directory of model.path, warming up (once, cached) the testbed model for `testbed`."""
     if cfg.model.path == "testbed":
         from grpo_zoo.testbed.warmup import ensure_testbed_model
 
         return str(ensure_testbed_model(cfg.testbed, log=print))
-    path = Path(cfg.model.path).expanduser()
-    if not (path / "config.json").is_file():
+    check_model_path(cfg.model.path)
+    return str(Path(cfg.model.path).expanduser())
+
+
+def check_pool(cfg: Config, train_pool: list[Question]) -> None:
+    """The training pool must hold at least one step's questions."""
+    if len(train_pool) < cfg.train.questions_per_step:
         raise ConfigError(
-            f"model.path '{cfg.model.path}' is not a local Hugging Face model directory (no config.json there); "
-            "give a directory written by save_pretrained, or 'testbed'"
+            f"train.questions_per_step = {cfg.train.questions_per_step} but data.train '{cfg.data.train}' has only "
+            f"{len(train_pool)} usable questions; lower train.questions_per_step or use a larger dataset"
         )
-    return str(path)
 
 
 def pick_device(name: str) -> str:
@@ -97,15 +234,14 @@ def pick_device(name: str) -> str:
 
 
 def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run:
+    from grpo_zoo.backends.rollout import make_rollout_backend
+    from grpo_zoo.backends.train_backend import NullLogger, make_train_backend, setup_distributed
     from grpo_zoo.policy import Policy
     from grpo_zoo.reward_runner import RewardRunner
 
     check_config(cfg)
-    train_pool, report = load_questions(cfg.data.train, cfg.data, cfg.testbed, "train")
-    _report_load(report)
-    eval_pool, report = load_questions(cfg.data.eval, cfg.data, cfg.testbed, "eval")
-    _report_load(report)
-    eval_pool = eval_pool[: cfg.eval.num_questions]
+    train_pool, train_report = load_questions(cfg.data.train, cfg.data, cfg.testbed, "train")
+    eval_pool, eval_report = load_questions(cfg.data.eval, cfg.data, cfg.testbed, "eval")
 
     model_path = resolve_model_path(cfg)
     device = pick_device(cfg.model.device)
@@ -114,22 +250,37 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
     ref_policy = None
     if cfg.train.kl_coef > 0:
         ref_policy = Policy.from_pretrained(model_path, device=device, dtype=cfg.model.dtype)
+    # Rows whose prompt exceeds data.max_prompt_length are skipped like unreadable ones.
+    train_pool, train_report = fit_to_policy(train_pool, train_report, policy, cfg.data)
+    eval_pool, eval_report = fit_to_policy(eval_pool, eval_report, policy, cfg.data)
+    _report_load(train_report)
+    _report_load(eval_report)
+    check_pool(cfg, train_pool)
+    eval_pool = eval_pool[: cfg.eval.num_questions]
 
-    params = [p for p in policy.parameters_for_training() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    dist = setup_distributed(cfg)  # rank 0 of 1 for the plain backend; joins the launcher's group otherwise
+    train_backend = make_train_backend(cfg, policy, dist)
+    optimizer = train_backend.optimizer  # the torch optimizer whose param_groups the scheduler drives
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_schedule(cfg))
+    policy = train_backend.wrap_policy(policy)
 
     selector_spec = cfg.algorithm.selector
     selector = SELECTORS.get(selector_spec.name).obj(
         train_pool, selector_spec.config, batch_size=cfg.train.questions_per_step, seed=cfg.train.seed
     )
-    rewards = RewardRunner(
-        [(f.name, f.weight) for f in cfg.reward.functions],
-        accuracy_function=cfg.reward.accuracy_function,
-        reward_max=cfg.reward.reward_max,
-        timeout_s=cfg.reward.timeout_s,
-        num_workers=cfg.reward.num_workers,
-    )
+    if cfg.distributed.ray.num_reward_workers > 0:
+        from grpo_zoo.backends.ray_workers import RayRewardScorer
+
+        rewards = RayRewardScorer(cfg.reward, cfg.distributed.ray)
+    else:
+        rewards = RewardRunner(
+            [(f.name, f.weight) for f in cfg.reward.functions],
+            accuracy_function=cfg.reward.accuracy_function,
+            reward_max=cfg.reward.reward_max,
+            timeout_s=cfg.reward.timeout_s,
+            num_workers=cfg.reward.num_workers,
+        )
+    rollout_backend = make_rollout_backend(cfg, policy, model_path)
     eval_settings = EvalSettings(
         samples=cfg.eval.samples,
         greedy=cfg.eval.greedy,
@@ -140,7 +291,14 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
         template=cfg.data.prompt_template,
         system_prompt=cfg.data.system_prompt,
     )
-    logger = MetricsLogger(run_dir, tensorboard=cfg.output.tensorboard, resume_step=resume_step)
+    logger = (
+        MetricsLogger(run_dir, tensorboard=cfg.output.tensorboard, resume_step=resume_step)
+        if dist.is_main
+        else NullLogger()  # only rank 0 writes metrics
+    )
+    if resume_step is None and (train_report.skipped or eval_report.skipped):
+        # The skipped-row counts, once per run (a resumed run keeps its first record); absent = none skipped.
+        logger.log(0, {**train_report.metrics("train"), **eval_report.metrics("eval")})
     return Run(
         cfg=cfg,
         run_dir=run_dir,
@@ -157,6 +315,8 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
         eval_settings=eval_settings,
         logger=logger,
         model_path=model_path,
+        train_backend=train_backend,
+        rollout_backend=rollout_backend,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_zoo.backends.train_backend import setup_distributed
 from grpo_zoo.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from grpo_zoo.config import Config
 from grpo_zoo.configuration import ConfigError, to_dict
@@ -193,11 +194,13 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
     count = 0
     skipped = 0
     grad_norms: list[float] = []
+    backend = run.train_backend
     for _ in range(tr.epochs_per_step):
         order = torch.randperm(n, generator=shuffle) if mini < n else torch.arange(n)
         for mini_rows in order.split(mini):
-            run.optimizer.zero_grad(set_to_none=True)
-            for rows in mini_rows.split(micro):
+            backend.zero_grad()
+            # This process's micro-batches (all of them, or its rank's share) with their loss weights.
+            for rows, weight in backend.micro_batches(mini_rows, micro):
                 logp, entropy = run.policy.logprobs(rollout, rows, with_entropy=True)
                 mask = rollout.response_mask[rows].to(logp.dtype)
                 inputs = LossInputs(
@@ -213,22 +216,26 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
                     seed=tr.seed * 1_000_003 + run.step,
                 )
                 out = run.loss.obj(inputs, loss_cfg)
-                (out.loss * (len(rows) / len(mini_rows))).backward()
+                loss = out.loss
+                if not torch.isfinite(loss.detach()):
+                    # A non-finite loss can still have finite gradients (a NaN in a detached term):
+                    # poison them, so the backend's finite check skips this update on every rank.
+                    loss = (logp * float("nan")).sum()
+                backend.backward(loss * weight)
+                if weight == 0:
+                    continue  # a padding micro-batch (its rank's share ran out): no metrics
                 _accumulate(
                     sums,
                     {"loss": float(out.loss.detach()), **out.metrics, "entropy": masked_mean(entropy.detach(), mask)},
                 )
                 count += 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                run.policy.parameters_for_training(), tr.grad_clip or float("inf")
-            )
-            if not torch.isfinite(grad_norm):
-                skipped += 1  # a non-finite gradient never reaches the weights
-                run.optimizer.zero_grad(set_to_none=True)
-                log.warning("step %d: non-finite gradient norm, update skipped", run.step)
+            grad_norm = backend.step(tr.grad_clip)  # clip, then update unless the norm is not finite
+            if grad_norm is None:
+                skipped += 1  # a non-finite loss or gradient never reaches the weights
+                log.warning("step %d: non-finite loss or gradient norm, update skipped", run.step)
                 continue
-            grad_norms.append(float(grad_norm))
-            run.optimizer.step()
+            grad_norms.append(grad_norm)
+    sums, count = backend.reduce_metrics(sums, count)  # averaged over ranks under data parallelism
     metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
     metrics["train/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else float("nan")
     metrics["train/skipped_updates"] = float(skipped)
@@ -267,7 +274,11 @@ def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_di
     # Denormals slow CPU matmuls ~1.6x on the tiny model; the warm-up flushes them too, so a
     # first run (warm-up in-process) and a cached run compute alike.
     torch.set_flush_denormal(True)
-    run_dir = Path(resume).expanduser() if resume else make_run_dir(cfg, recipe, output_dir)
+    dist = setup_distributed(cfg)  # rank 0 of 1 unless train.backend is deepspeed under a launcher
+    if resume:
+        run_dir = Path(resume).expanduser()
+    else:  # rank 0 names the directory ({time} differs between processes), every rank uses it
+        run_dir = dist.broadcast(make_run_dir(cfg, recipe, output_dir) if dist.is_main else None)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         raise ConfigError(f"--resume {resume}: no complete checkpoint under {run_dir / 'checkpoints'}")
@@ -277,8 +288,11 @@ def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_di
         start_step, state = load_trainer_state(checkpoint)
         cfg.model.path = str(checkpoint / "policy")
         cfg.model.lora.enabled = False
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    print(f"grpo-zoo: run directory {run_dir}")
+    if dist.is_main:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        print(f"grpo-zoo: run directory {run_dir}")
+    else:
+        cfg.output.progress = False  # one progress bar per job
     run = build_run(cfg, run_dir, resume_step=start_step if checkpoint is not None else None)
     if checkpoint is not None:
         restore(run, start_step, state)
@@ -286,6 +300,7 @@ def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_di
         return loop(run, start_step)
     finally:
         run.close()
+        torch.set_flush_denormal(False)  # process-wide: leave callers (and later tests) their float semantics
 
 
 def loop(run: Run, start_step: int) -> TrainResult:
@@ -322,19 +337,24 @@ def loop(run: Run, start_step: int) -> TrainResult:
         progress.update(1)
         run.counters["cpu_seconds"] = metrics["time/cpu_s"]
         if (cfg.output.checkpoint_every and done % cfg.output.checkpoint_every == 0) or is_last:
-            result.checkpoint = save_checkpoint(
-                run.run_dir, done, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints
-            )
+            result.checkpoint = save(run, result, done)
         result.steps = done
     progress.close()
     if not result.last_eval and run.eval_pool:
         result.last_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
         run.logger.log(result.steps, result.last_eval)
     if result.checkpoint is None or not result.checkpoint.name.endswith(f"{result.steps:06d}"):
-        result.checkpoint = save_checkpoint(
-            run.run_dir, result.steps, run.policy, trainer_state(run, result), cfg.output.keep_checkpoints
-        )
+        result.checkpoint = save(run, result, result.steps)
     return result
+
+
+def save(run: Run, result: TrainResult, step: int) -> Path:
+    """A checkpoint of `step` through the training backend (under data parallelism rank 0 writes it)."""
+
+    def write(policy: Any, state: dict[str, Any]) -> Path:
+        return save_checkpoint(run.run_dir, step, policy, state, run.cfg.output.keep_checkpoints)
+
+    return run.train_backend.save_checkpoint(write, run.policy, lambda: trainer_state(run, result))
 
 
 def append_histograms(path: Path, step: int, histograms: dict[str, Any]) -> None:
@@ -347,7 +367,7 @@ def append_histograms(path: Path, step: int, histograms: dict[str, Any]) -> None
 
 def trainer_state(run: Run, result: TrainResult) -> dict[str, Any]:
     return {
-        "optimizer": run.optimizer.state_dict(),
+        "optimizer": run.train_backend.state_dict(),  # torch AdamW layout for every backend (collective)
         "scheduler": run.scheduler.state_dict(),
         "selector": run.selector.state_dict(),
         "counters": dict(run.counters),
@@ -356,9 +376,7 @@ def trainer_state(run: Run, result: TrainResult) -> dict[str, Any]:
 
 
 def restore(run: Run, step: int, state: dict[str, Any]) -> None:
-    optimizer_state = state["optimizer"]
-    optimizer_state["state"] = {int(k): v for k, v in optimizer_state["state"].items()}
-    run.optimizer.load_state_dict(optimizer_state)
+    run.train_backend.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.selector.load_state_dict(state["selector"])
     run.counters.update(state.get("counters", {}))

@@ -1,0 +1,1 @@
+"""Execution backends: rollout engines (hf, ray, vllm), Ray workers, distributed training."""
