@@ -18,7 +18,7 @@ import torch
 from grpo_zoo.config import Config
 from grpo_zoo.configuration import ConfigError
 from grpo_zoo.data import LoadReport, fit_to_policy, load_questions
-from grpo_zoo.evaluation import EvalSettings
+from grpo_zoo.evaluation import EvalSettings, settings_from_config
 from grpo_zoo.metrics import MetricsLogger
 from grpo_zoo.registry import ESTIMATORS, LOSSES, SELECTORS, Entry
 from grpo_zoo.types import Question
@@ -281,16 +281,7 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
             num_workers=cfg.reward.num_workers,
         )
     rollout_backend = make_rollout_backend(cfg, policy, model_path)
-    eval_settings = EvalSettings(
-        samples=cfg.eval.samples,
-        greedy=cfg.eval.greedy,
-        batch_size=cfg.eval.batch_size,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        template=cfg.data.prompt_template,
-        system_prompt=cfg.data.system_prompt,
-    )
+    eval_settings = settings_from_config(cfg)
     logger = (
         MetricsLogger(run_dir, tensorboard=cfg.output.tensorboard, resume_step=resume_step)
         if dist.is_main
