@@ -5,8 +5,8 @@ KL, aggregation, padding) live in loss_utils. Formulas and defaults: /work/share
 ("More baselines that late-2026 peers ship"), read from the papers and verl's core_algos.
 
 Every config has `tis_cap`: truncated importance sampling for rollouts from an external
-sampler (vLLM). None = off; the engine turns it on (C = 2.0) when rollouts come from an
-external sampler, and a recipe may set it explicitly.
+sampler (vLLM). "auto" (the default): the engine turns it on (C = 2.0) when rollouts come
+from an external sampler and leaves it off otherwise; a number sets C, null turns it off.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from grpo_zoo.algorithms.loss_utils import (
     Aggregation,
     Prepared,
+    TisCap,
     check_aggregation,
     check_tis_cap,
     finish,
@@ -45,7 +46,7 @@ class CISPOConfig:
     eps_low: float = 0.2  # IS weight clipped below at 1 - eps_low (inferred; the paper tunes only eps_high)
     eps_high: float = 0.28  # IS weight clipped above at 1 + eps_high
     aggregation: Aggregation = "token-mean"  # the paper normalises by the total token count
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         check_clip("cispo", self.eps_low, self.eps_high, None)
@@ -82,7 +83,7 @@ class SAPOConfig:
     tau_pos: float = 1.0  # gate temperature for A > 0 tokens; larger = gradient fades faster off-policy
     tau_neg: float = 1.05  # gate temperature for A <= 0 tokens; slightly sharper, negative updates are riskier
     aggregation: Aggregation = "seq-mean-token-mean"  # the paper's per-sequence mean
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         if not (self.tau_pos > 0 and self.tau_neg > 0):
@@ -121,7 +122,7 @@ class GMPOConfig:
     eps_low: float = 0.4  # token log-ratio clipped below at -eps_low (when A < 0)
     eps_high: float = 0.4  # token log-ratio clipped above at +eps_high (when A > 0)
     aggregation: Aggregation = "seq-mean-token-mean"  # = mean over sequences of the sequence loss
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         if not (self.eps_low >= 0 and self.eps_high >= 0):
@@ -187,7 +188,7 @@ class ClipCovConfig:
     cov_lb: float = 1.0  # candidates have cov_lb < cov_t < cov_ub
     cov_ub: float = 5.0
     aggregation: Aggregation = "token-mean"
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         check_clip("clip_cov", self.eps_low, self.eps_high, None)
@@ -237,7 +238,7 @@ class KLCovConfig:
     token_share: float = 2e-4  # share k of valid tokens, by largest cov_t, that get the penalty (at least one)
     coef: float = 0.1  # weight of |logp - old_logp| on those tokens; larger = stronger entropy protection
     aggregation: Aggregation = "token-mean"
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         if not 0 < self.token_share <= 1:

@@ -14,6 +14,13 @@ gradients, and a fully masked row contributes nothing.
 Metric keys written here: `kl` (mean KL per valid token, whenever ref_logp is given),
 `tis_mismatch` (mean |old_logp - sampler_logp|, whenever sampler_logp is given),
 `tis_weight_mean` and `tis_capped_fraction` (when TIS is on).
+
+Rollout correction default: every loss config's `tis_cap` is "auto" unless the recipe sets it.
+`build_run` resolves "auto" by the rollout backend (`resolve_tis_cap`): DEFAULT_TIS_CAP for an
+external sampler (vLLM, whose numerics differ from the trainer's), None (off) for one that runs
+the trainer's own model code (hf, ray), where the weights would all be 1. A number is kept as
+given, and null turns TIS off even for an external sampler. Unresolved "auto" (a loss called
+outside the engine) means off.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8: large enough to never bind in sane training, finite in fp32
 DEFAULT_TIS_CAP = 2.0  # C of truncated importance sampling (verl / Yao et al. 2025 "Your efficient RL framework...")
+TIS_AUTO = "auto"  # tis_cap value meaning "the engine decides by the rollout backend" (the default)
+TisCap = float | Literal["auto"] | None  # type of every loss config's tis_cap field
 
 
 @dataclass
@@ -171,16 +180,18 @@ def finish(
     inputs: LossInputs,
     aggregation: str,
     *,
-    tis_cap: float | None = None,
+    tis_cap: float | str | None = None,
     metrics: dict[str, float] | None = None,
 ) -> LossOutput:
     """Apply TIS, add the KL term, aggregate, and fill the shared metrics.
 
     token_loss: [N, T] the loss's own per-token policy term (padding values are ignored).
     TIS multiplies only the policy term, as in verl: the KL term already uses the current
-    policy's own log-probs and needs no sampler correction.
+    policy's own log-probs and needs no sampler correction. tis_cap "auto" (not resolved by the
+    engine) counts as off.
     """
     metrics = dict(metrics or {})
+    tis_cap = None if tis_cap == TIS_AUTO else tis_cap
     p = prepare(inputs)
     if inputs.sampler_logp is not None:
         sampler = inputs.sampler_logp.detach().to(p.logp.dtype).masked_fill(~p.valid, 0.0)
@@ -217,10 +228,26 @@ def fraction(flag: torch.Tensor, mask: torch.Tensor) -> float:
         return float(masked_mean(flag.to(torch.float32), (mask > 0).to(torch.float32)))
 
 
-def check_tis_cap(owner: str, tis_cap: float | None) -> None:
+def check_tis_cap(owner: str, tis_cap: float | str | None) -> None:
     """Shared __post_init__ check of the rollout-correction field of every loss config."""
-    if tis_cap is not None and not tis_cap > 0:
-        raise ValueError(f"{owner}.tis_cap must be > 0 (typically {DEFAULT_TIS_CAP}) or null to turn TIS off")
+    if tis_cap == TIS_AUTO or tis_cap is None:
+        return
+    if isinstance(tis_cap, str) or not tis_cap > 0:
+        raise ValueError(
+            f"{owner}.tis_cap must be > 0 (typically {DEFAULT_TIS_CAP}), 'auto' (on for an external sampler "
+            f"such as vLLM, off otherwise) or null to turn TIS off; got {tis_cap!r}"
+        )
+
+
+def resolve_tis_cap(tis_cap: float | str | None, external_sampler: bool) -> float | None:
+    """The cap a run uses: "auto" -> DEFAULT_TIS_CAP for an external sampler, else None; others as given.
+
+    ALGORITHMS.md: rollout correction is on (C = 2.0) for a vLLM or any external sampler; with the
+    trainer's own model sampling, pi_sampler = pi_old and every weight would be exactly 1.
+    """
+    if tis_cap == TIS_AUTO:
+        return DEFAULT_TIS_CAP if external_sampler else None
+    return tis_cap
 
 
 def check_aggregation(owner: str, aggregation: str) -> None:

@@ -6,8 +6,8 @@ Every loss has the one signature `fn(inputs: LossInputs, cfg) -> LossOutput`; sh
 `ratio_max`, and for the dual clip `dual_clip_fraction`.
 
 Every config has `tis_cap`: truncated importance sampling for rollouts from an external
-sampler (vLLM). None = off; the engine turns it on (C = 2.0) when rollouts come from an
-external sampler, and a recipe may set it explicitly.
+sampler (vLLM). "auto" (the default): the engine turns it on (C = 2.0) when rollouts come
+from an external sampler and leaves it off otherwise; a number sets C, null turns it off.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from grpo_zoo.algorithms.loss_utils import (
     Aggregation,
+    TisCap,
     check_aggregation,
     check_tis_cap,
     finish,
@@ -51,7 +52,7 @@ class PPOClipConfig:
     # c of dual clip (Ye et al. 2020): caps the loss of A < 0 tokens at -A c; None = off, DIVA's released script 3.0
     dual_clip: float | None = None
     aggregation: Aggregation = "token-mean"  # see loss_utils.aggregate; Dr.GRPO wants seq-mean-token-sum-norm
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         check_clip("ppo_clip", self.eps_low, self.eps_high, self.dual_clip)
@@ -67,7 +68,7 @@ class DAPOConfig:
     eps_high: float = 0.28  # clip-higher: room for low-probability tokens to grow (keeps entropy up)
     dual_clip: float | None = None  # c of dual clip for A < 0; off in DAPO
     aggregation: Aggregation = "token-mean"  # DAPO's token-level loss: long responses weigh by length
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         check_clip("dapo", self.eps_low, self.eps_high, self.dual_clip)
@@ -117,7 +118,7 @@ class GSPOConfig:
     eps_low: float = 3e-4  # sequence ratio clipped below at 1 - eps_low (paper sec. 5.1)
     eps_high: float = 4e-4  # sequence ratio clipped above at 1 + eps_high
     aggregation: Aggregation = "seq-mean-token-mean"  # the paper's 1/|y_i| per sequence, mean over sequences
-    tis_cap: float | None = None  # rollout correction cap C; None = off (engine enables it for external samplers)
+    tis_cap: TisCap = "auto"  # TIS cap C; "auto" = 2.0 for an external sampler (vLLM), else off; null = off
 
     def __post_init__(self) -> None:
         check_clip("gspo", self.eps_low, self.eps_high, None)

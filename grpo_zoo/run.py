@@ -281,6 +281,7 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
             num_workers=cfg.reward.num_workers,
         )
     rollout_backend = make_rollout_backend(cfg, policy, model_path)
+    apply_rollout_correction(cfg, rollout_backend)
     eval_settings = settings_from_config(cfg)
     logger = (
         MetricsLogger(run_dir, tensorboard=cfg.output.tensorboard, resume_step=resume_step)
@@ -309,6 +310,30 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
         train_backend=train_backend,
         rollout_backend=rollout_backend,
     )
+
+
+def apply_rollout_correction(cfg: Config, rollout_backend: Any) -> None:
+    """Resolve the loss config's `tis_cap: auto` by the rollout backend (ALGORITHMS.md, rollout correction).
+
+    An external sampler (backend attribute `external_sampler`, e.g. vLLM) gets truncated importance
+    sampling with the default cap C; a backend running the trainer's own model (hf, ray) gets none,
+    as its weights would all be 1. A cap the recipe sets (a number, or null for off) is kept. A loss
+    config without a `tis_cap` field is left alone.
+    """
+    from grpo_zoo.algorithms.loss_utils import TIS_AUTO, resolve_tis_cap
+
+    loss_cfg = cfg.algorithm.loss.config
+    if not hasattr(loss_cfg, "tis_cap"):
+        return
+    external = bool(getattr(rollout_backend, "external_sampler", False))
+    requested = loss_cfg.tis_cap
+    loss_cfg.tis_cap = resolve_tis_cap(requested, external)
+    if requested == TIS_AUTO and loss_cfg.tis_cap is not None:
+        log.warning(
+            "rollout.backend '%s' samples with an external engine: rollout correction (truncated importance "
+            "sampling) on with algorithm.loss.tis_cap = %s; set it to null to turn it off",
+            cfg.rollout.backend, loss_cfg.tis_cap,
+        )
 
 
 def lr_schedule(cfg: Config):

@@ -83,6 +83,7 @@ def training_step(run: Run, step: int) -> dict[str, float]:
 
     # 4. Advantages from the estimator (one per response).
     old_logp = old_logprobs(run, batch)
+    correction = rollout_correction_metrics(run, batch, old_logp)
     estimate = run.estimator.obj(advantage_inputs(run, batch, old_logp), run.cfg.algorithm.estimator.config)
 
     # 5. Policy update over mini-batches.
@@ -92,6 +93,7 @@ def training_step(run: Run, step: int) -> dict[str, float]:
     # 6. Metrics.
     metrics = {
         **rollout_metrics,
+        **correction,
         **group_diagnostics(batch.rewards, batch.rollout.prompt_index, cfg.reward.reward_max),
         **{f"advantage/{k}": v for k, v in estimate.metrics.items()},
         **advantage_stats(estimate.advantages),
@@ -110,16 +112,22 @@ def seed_step(seed: int, step: int) -> None:
     random.seed(step_seed)
 
 
-def needs_old_logprobs(run: Run) -> bool:
-    """A separate no-grad pass is needed unless the update is a single on-policy pass."""
+def needs_old_logprobs(run: Run, batch: ScoredBatch | None = None) -> bool:
+    """A separate no-grad pass is needed unless the update is a single on-policy pass.
+
+    A rollout whose sampler reported its own log-probs (an external engine such as vLLM) also
+    needs it, as in verl: rollout correction and the mismatch metric compare the trainer's
+    pre-update log-probs with the sampler's. hf rollouts report none, so they keep one pass.
+    """
     tr = run.cfg.train
     several_updates = tr.epochs_per_step > 1 or tr.mini_batch_size > 0
     wants_seq_logprob = "seq_logprob" in getattr(run.estimator.obj, "requires", ())
-    return several_updates or wants_seq_logprob
+    has_sampler_logprobs = batch is not None and batch.rollout.sampler_logprobs is not None
+    return several_updates or wants_seq_logprob or has_sampler_logprobs
 
 
 def old_logprobs(run: Run, batch: ScoredBatch) -> torch.Tensor | None:
-    if not needs_old_logprobs(run):
+    if not needs_old_logprobs(run, batch):
         return None  # on-policy: the update uses the detached current log-probs
     return batched_logprobs(run.policy, batch, run.cfg.train.micro_batch_size)
 
@@ -130,6 +138,36 @@ def batched_logprobs(policy: Any, batch: ScoredBatch, micro: int) -> torch.Tenso
     with torch.no_grad():
         chunks = [policy.logprobs(batch.rollout, r)[0] for r in rows.split(micro or n)]
     return torch.cat(chunks)  # [N, T]
+
+
+def rollout_correction_metrics(run: Run, batch: ScoredBatch, old_logp: torch.Tensor | None) -> dict[str, float]:
+    """Trainer-vs-sampler agreement, every step the sampler reports log-probs (ALGORITHMS.md, rollout correction).
+
+    rollout/logprob_mismatch: mean |logp_trainer - logp_sampler| over response tokens, with the
+    trainer's log-probs taken before the update; rollout/importance_weight_mean: the mean of the
+    untruncated weights exp(logp_trainer - logp_sampler); with the loss's tis_cap on, also the
+    truncated weights' mean and the share of tokens the cap bounds. {} without sampler log-probs.
+    """
+    from grpo_zoo.algorithms.loss_utils import log_ratio, sampler_mismatch
+    from grpo_zoo.algorithms.loss_utils import masked_mean as token_mean
+
+    sampler_logp = batch.rollout.sampler_logprobs
+    if sampler_logp is None or old_logp is None:
+        return {}
+    mask = batch.rollout.response_mask.float()  # [N, T]
+    valid = mask > 0
+    trainer = old_logp.detach().float().cpu().masked_fill(~valid, 0.0)  # [N, T]
+    sampler = sampler_logp.detach().float().cpu().masked_fill(~valid, 0.0)  # [N, T]
+    raw = torch.exp(log_ratio(trainer, sampler))  # [N, T] untruncated importance weights
+    metrics = {
+        "rollout/logprob_mismatch": sampler_mismatch(trainer, sampler, mask),
+        "rollout/importance_weight_mean": float(token_mean(raw, mask)),
+    }
+    cap = getattr(run.cfg.algorithm.loss.config, "tis_cap", None)
+    if isinstance(cap, (int, float)):  # resolved by build_run; "auto" outside it means off
+        metrics["rollout/tis_weight_mean"] = float(token_mean(raw.clamp(max=cap), mask))
+        metrics["rollout/tis_capped_fraction"] = float(token_mean((raw > cap).float(), mask))
+    return metrics
 
 
 def advantage_inputs(run: Run, batch: ScoredBatch, old_logp: torch.Tensor | None) -> AdvantageInputs:
@@ -269,11 +307,18 @@ def make_run_dir(cfg: Config, recipe: str, output_dir: str | None) -> Path:
 
 def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_dir: str | None = None) -> TrainResult:
     """Run a recipe to the end (or its CPU budget); resume from a run directory's latest checkpoint."""
-    import yaml
-
     # Denormals slow CPU matmuls ~1.6x on the tiny model; the warm-up flushes them too, so a
     # first run (warm-up in-process) and a cached run compute alike.
     torch.set_flush_denormal(True)
+    try:
+        return _train(cfg, recipe, resume, output_dir)
+    finally:  # process-wide: leave callers (and later tests) their float semantics, also after a ConfigError
+        torch.set_flush_denormal(False)
+
+
+def _train(cfg: Config, recipe: str, resume: str | None, output_dir: str | None) -> TrainResult:
+    import yaml
+
     dist = setup_distributed(cfg)  # rank 0 of 1 unless train.backend is deepspeed under a launcher
     if resume:
         run_dir = Path(resume).expanduser()
@@ -300,7 +345,6 @@ def train(cfg: Config, recipe: str = "run", resume: str | None = None, output_di
         return loop(run, start_step)
     finally:
         run.close()
-        torch.set_flush_denormal(False)  # process-wide: leave callers (and later tests) their float semantics
 
 
 def loop(run: Run, start_step: int) -> TrainResult:

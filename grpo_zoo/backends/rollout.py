@@ -49,6 +49,12 @@ class Sampling:
 class RolloutBackend(Protocol):
     """A rollout engine. Rows of the result are prompt-major (row i answers prompt_index[i])."""
 
+    # True when the samples come from another engine (vLLM) whose numerics differ from the
+    # trainer's, so its log-probs drift from the trainer's: the run then defaults the loss's
+    # rollout correction (tis_cap "auto") on. False (or absent) when the trainer's own model code
+    # samples (hf, ray workers). Read with getattr(backend, "external_sampler", False).
+    external_sampler: bool
+
     def generate(self, encoded: EncodedPrompts, sampling: Sampling, *, version: int) -> RolloutBatch:
         """Sample sampling.group_size responses per prompt with the weights of `version`."""
         ...
@@ -165,6 +171,8 @@ class HfRollout:
     before sharding existed). shards >= 1: the seeded blocks of the module docstring, one after
     another, which is exactly what `RayRollout` computes with the blocks spread over workers.
     """
+
+    external_sampler = False  # the trainer's own model samples: sampler and trainer log-probs agree
 
     def __init__(self, policy: Policy, shards: int = 0):
         if shards < 0:

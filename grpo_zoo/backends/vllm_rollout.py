@@ -194,6 +194,8 @@ def _gather(local: RolloutBatch | None, encoded: EncodedPrompts, bounds: list[tu
 class VllmRollout:
     """A vLLM engine over the trainer's GPU, synced to the trainer's weights once per version."""
 
+    external_sampler = True  # vLLM's kernels differ from the trainer's: rollout correction defaults on
+
     def __init__(self, cfg: Config, policy: Policy, model_path: str):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in process: GPU-to-GPU sync
         from vllm import LLM
