@@ -35,6 +35,7 @@ class ModelConfig:
     device: str = "auto"  # "auto" = cuda if available, else cpu
     lora: LoraConfig = field(default_factory=LoraConfig)
     gradient_checkpointing: bool = False  # trades compute for memory on long responses
+    freeze_vision_tower: bool = False  # train only the language model (EasyR1/verl's option of the same name)
 
 
 @dataclass
@@ -209,16 +210,17 @@ class OutputConfig:
 class TestbedConfig:
     """The built-in multimodal task and its tiny policy (used when path/train are `testbed`)."""
 
-    train_questions: int = 4000  # a finite pool, revisited over epochs
+    train_questions: int = 500  # the RL pool: finite, so a 120-step run revisits each question (~2x at 8 per
+    #   step, ~4x at 16) and per-question state (DIVA's D, VADE's posteriors) has something to track
     eval_questions: int = 512
     seed: int = 0
-    warmup_steps: int = 600  # ~3.5 min on 2 idle threads (~0.35 s per step of 32), ~5 min on 1
+    warmup_steps: int = 600  # ~4.5 min on 2 threads (0.45 s per step of 32, vision tower frozen)
     warmup_batch_size: int = 32
     warmup_lr: float = 1e-3  # 2e-3 did not learn in the feasibility probe
     warmup_lr_min: float = 1e-4  # the cosine schedule ends here
-    warmup_hold_share: float = 0.5  # share of the steps held at warmup_lr before the cosine: perception
-    #   (reading counts off the image) only emerges after ~250 steps at full lr
-    warmup_vision_lr_mult: float = 3.0  # the vision tower's lr / warmup_lr; 1 learned no perception in 400 steps
+    warmup_hold_share: float = 0.5  # share of the steps held at warmup_lr before the cosine
+    warmup_vision_lr_mult: float = 0.0  # the vision tower's lr / warmup_lr; 0 = frozen at its random init
+    #   (trained at 1-3x it collapsed to image-independent features, see testbed/warmup.py)
     warmup_grad_clip: float = 1.0
     warmup_hint_share: float = 0.25  # share of warm-up prompts shown with 1..all solution steps as a hint
     warmup_paraphrase_share: float = 0.25  # share shown as a paraphrase (same difficulty as the original)

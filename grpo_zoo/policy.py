@@ -130,6 +130,7 @@ class Policy:
         dtype: str = "float32",
         lora: Any | None = None,
         gradient_checkpointing: bool = False,
+        freeze_vision_tower: bool = False,
         attn_implementation: str | None = None,
     ) -> Policy:
         """Load a local model directory (never downloads).
@@ -140,6 +141,7 @@ class Policy:
             dtype: "float32" | "bfloat16" | "float16"; fp32 is fastest for the tiny testbed model.
             lora: grpo_zoo.config.LoraConfig; adapters are added only when `lora.enabled`.
             gradient_checkpointing: recompute activations in backward (long responses, big models).
+            freeze_vision_tower: train only the language side (see `freeze_vision`).
             attn_implementation: passed to transformers ("sdpa", "eager", ...); None = its default.
         """
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -168,7 +170,23 @@ class Policy:
             model.config.use_cache = False
         if lora is not None and getattr(lora, "enabled", False):
             model = _add_lora(model, lora)
-        return cls(model, processor, device=device)
+        policy = cls(model, processor, device=device)
+        if freeze_vision_tower:
+            policy.freeze_vision()
+        return policy
+
+    def freeze_vision(self) -> int:
+        """Stop training the vision tower (`.visual.` parameters); returns how many tensors were frozen.
+
+        EasyR1/verl's `freeze_vision_tower`: RL then moves only the language model, and the image
+        features the policy learned to read stay as they are. A text-only model has nothing to freeze.
+        """
+        frozen = 0
+        for name, param in self.model.named_parameters():
+            if ".visual." in f".{name}" and param.requires_grad:
+                param.requires_grad_(False)
+                frozen += 1
+        return frozen
 
     def save(self, path: str | Path, *, merge_lora: bool = True) -> Path:
         """Write a directory that `Policy.from_pretrained` (and plain transformers) load.

@@ -246,7 +246,10 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
     model_path = resolve_model_path(cfg)
     device = pick_device(cfg.model.device)
     torch.manual_seed(cfg.train.seed)
-    policy = Policy.from_pretrained(model_path, device=device, dtype=cfg.model.dtype, lora=cfg.model.lora)
+    policy = Policy.from_pretrained(
+        model_path, device=device, dtype=cfg.model.dtype, lora=cfg.model.lora,
+        gradient_checkpointing=cfg.model.gradient_checkpointing, freeze_vision_tower=cfg.model.freeze_vision_tower,
+    )
     ref_policy = None
     if cfg.train.kl_coef > 0:
         ref_policy = Policy.from_pretrained(model_path, device=device, dtype=cfg.model.dtype)

@@ -420,7 +420,13 @@ def trainer_state(run: Run, result: TrainResult) -> dict[str, Any]:
 
 
 def restore(run: Run, step: int, state: dict[str, Any]) -> None:
-    run.train_backend.load_state_dict(state["optimizer"])
+    try:
+        run.train_backend.load_state_dict(state["optimizer"])
+    except ValueError as exc:  # torch: "loaded state dict contains a parameter group that doesn't match ..."
+        raise ConfigError(
+            f"--resume: the checkpoint's optimizer state does not fit the parameters this recipe trains ({exc}); "
+            "resume with the run's own config.yaml (model.freeze_vision_tower and model.lora must not change)"
+        ) from None
     run.scheduler.load_state_dict(state["scheduler"])
     run.selector.load_state_dict(state["selector"])
     run.counters.update(state.get("counters", {}))

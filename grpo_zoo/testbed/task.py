@@ -17,7 +17,9 @@ Texts are short because the testbed tokenizer is character level:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -205,27 +207,33 @@ def _split_of(spec: SceneSpec, kind: str, target: str, k: int) -> str:
     return "eval" if bucket == 0 else "train"
 
 
-def make_questions(split: Literal["train", "eval"], n: int, seed: int) -> list[Question]:
-    """The first n questions of a split: deterministic per (split, seed), and a prefix of any longer list.
+def make_questions(split: Literal["train", "eval"], n: int, seed: int, stream: str = "") -> list[Question]:
+    """The first n questions of a split: deterministic per (split, seed, stream), and a prefix of any longer list.
 
     Train and eval never share an exact question (scene + question text): membership is a
-    hash of the question itself, so this holds across any seeds and sizes. Duplicates inside
-    a split are skipped too, so the pool holds n distinct questions.
+    hash of the question itself, so this holds across any seeds, streams and sizes. Duplicates
+    inside a split are skipped too, so the pool holds n distinct questions. `stream` names an
+    independent sequence of the same split (the warm-up draws its demonstrations from one).
     """
-    if split not in ("train", "eval"):
-        raise ValueError(f"make_questions: split must be 'train' or 'eval', got {split!r}")
     if n < 0:
         raise ValueError(f"make_questions: n must be >= 0, got {n}")
-    rng = random.Random(f"grpo_zoo.testbed:{split}:{seed}")
+    return list(itertools.islice(question_stream(split, seed, stream), n))
+
+
+def question_stream(split: Literal["train", "eval"], seed: int, stream: str = "") -> Iterator[Question]:
+    """Endless distinct questions of a split (see `make_questions`), drawn lazily."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"make_questions: split must be 'train' or 'eval', got {split!r}")
+    rng = random.Random(f"grpo_zoo.testbed:{split}:{seed}" + (f":{stream}" if stream else ""))
     seen: set[tuple] = set()
-    out: list[Question] = []
-    while len(out) < n:
+    index = 0
+    while True:
         spec, kind, target, k = _draw(rng)
         if (spec, kind, target, k) in seen or _split_of(spec, kind, target, k) != split:
             continue
         seen.add((spec, kind, target, k))
-        out.append(_question(spec, kind, target, k, len(out)))
-    return out
+        yield _question(spec, kind, target, k, index)
+        index += 1
 
 
 def _info(question: Question) -> dict:

@@ -49,12 +49,12 @@ def _code_version() -> dict[str, str]:
 
 
 def cache_key(cfg: TestbedConfig) -> str:
-    """Hash of everything that changes the warm-up result (not cache_dir, not eval_questions)."""
+    """Hash of everything that changes the warm-up result (not the cache dir or the RL/eval pool sizes)."""
     import transformers
 
     from grpo_zoo.testbed.tiny_model import TinyVLMSpec
 
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "eval_questions")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "eval_questions", "train_questions")}
     payload = {
         "format": WARMUP_FORMAT,
         "settings": settings,
@@ -100,8 +100,8 @@ def ensure_testbed_model(cfg: TestbedConfig, log: Callable[[str], None] = print)
 def _check(cfg: TestbedConfig) -> None:
     if cfg.warmup_steps < 0 or cfg.warmup_batch_size < 1:
         raise ValueError("testbed.warmup_steps must be >= 0 and testbed.warmup_batch_size >= 1")
-    if not 0 <= cfg.warmup_hold_share <= 1 or cfg.warmup_vision_lr_mult <= 0:
-        raise ValueError("testbed.warmup_hold_share must be in [0, 1] and warmup_vision_lr_mult > 0")
+    if not 0 <= cfg.warmup_hold_share <= 1 or cfg.warmup_vision_lr_mult < 0:
+        raise ValueError("testbed.warmup_hold_share must be in [0, 1] and warmup_vision_lr_mult >= 0")
     if not 0 < cfg.warmup_lr_min <= cfg.warmup_lr:
         raise ValueError(f"testbed.warmup_lr_min must be in (0, warmup_lr = {cfg.warmup_lr}], got {cfg.warmup_lr_min}")
     shares = cfg.warmup_hint_share + cfg.warmup_paraphrase_share
@@ -170,13 +170,21 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     torch.set_flush_denormal(True)
     build_tiny_vlm(out, seed=cfg.seed)
     policy = Policy.from_pretrained(str(out))
-    questions = task.make_questions("train", cfg.train_questions, cfg.seed)
+    # Fresh questions from their own stream (no question is shown twice): the warm-up plays an
+    # instruct model's pre-training, which never saw the RL pool, and a tiny model shown a small
+    # pool for many epochs would memorise its answers instead of learning to read the image.
+    questions = task.question_stream("train", cfg.seed, stream="warmup")
     rng = random.Random(f"grpo_zoo.warmup:{cfg.seed}")
-    # The vision tower learns faster than the rest allows: at one lr the language model fits the
-    # format and the prior over answers long before it reads the image (a plateau of hundreds of steps).
+    # The vision tower is frozen at its random init by default (warmup_vision_lr_mult = 0), as an
+    # instruct model's pretrained encoder is. Trained along with the language model, it collapsed:
+    # its image tokens grew ~200x larger than text embeddings while their variation across images
+    # fell from ~30% to ~2% of their norm (an attention sink that shows the LM nothing), and counts
+    # were guessed from the prior after 600 steps. Its random features keep the image readable.
+    if cfg.warmup_vision_lr_mult == 0:
+        policy.freeze_vision()  # no backward through the tower either (faster)
     vision = [p for name, p in policy.model.named_parameters() if ".visual." in f".{name}" and p.requires_grad]
     ids = {id(p) for p in vision}
-    rest = [p for p in policy.parameters_for_training() if id(p) not in ids]
+    rest = [p for p in policy.parameters_for_training() if id(p) not in ids and p.requires_grad]
     groups = [{"params": rest, "lr_mult": 1.0}, {"params": vision, "lr_mult": cfg.warmup_vision_lr_mult}]
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.warmup_lr, weight_decay=0.0)
     policy.model.train()
@@ -184,7 +192,7 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     start_wall, start_cpu = time.time(), time.process_time()
     every = max(1, cfg.warmup_steps // 10)
     for step in range(cfg.warmup_steps):
-        pairs = [warmup_example(rng.choice(questions), rng, cfg) for _ in range(cfg.warmup_batch_size)]
+        pairs = [warmup_example(next(questions), rng, cfg) for _ in range(cfg.warmup_batch_size)]
         batch = teacher_forcing_batch(policy, [p for p, _ in pairs], [t for _, t in pairs])
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg) * group["lr_mult"]

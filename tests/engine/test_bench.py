@@ -136,7 +136,8 @@ def test_shipped_bench_files_validate(path):
     assert "recipes x" in validate_bench(path)
     cfg = load_bench(path)
     assert len(cfg.seeds) >= (5 if path.stem == "testbed" else 2) and cfg.baseline == "grpo"
-    assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo", "durian", "vade", "diva", "diva_vade"} <= set(cfg.recipes)
+    if path.stem in ("testbed", "quick"):  # the seed papers' arms; testbed_more holds the other baselines
+        assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo", "durian", "vade", "diva", "diva_vade"} <= set(cfg.recipes)
 
 
 def test_arms_must_be_comparable(tmp_path):

@@ -256,3 +256,17 @@ def test_auto_processor_loads_a_qwen_checkpoint_layout_without_torchvision(tiny_
     text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}]}], tokenize=False)
     out = processor(text=[text], images=[_image(0)], return_tensors="pt")
     assert int((out["input_ids"] == processor.image_token_id).sum()) == 16
+
+
+def test_frozen_vision_tower_gets_no_gradient_and_the_language_model_still_trains(tiny_dir, rollout):
+    frozen = Policy.from_pretrained(str(tiny_dir), freeze_vision_tower=True)
+    trainable = dict(frozen.model.named_parameters())
+    visual = [n for n in trainable if ".visual." in f".{n}"]
+    assert visual and not any(trainable[n].requires_grad for n in visual)
+    assert all(p.requires_grad for n, p in trainable.items() if n not in visual)
+    assert {id(p) for p in frozen.parameters_for_training()}.isdisjoint(id(trainable[n]) for n in visual)
+    logp, _ = frozen.logprobs(rollout, torch.arange(2))
+    (logp * rollout.response_mask[:2]).sum().backward()
+    assert all(trainable[n].grad is None for n in visual)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in frozen.parameters_for_training())
+    assert frozen.freeze_vision() == 0  # idempotent: nothing left to freeze

@@ -31,6 +31,7 @@ EXTRA = [
     "algorithm.selector=diva",
     "train.mini_batch_size=8",
     "train.micro_batch_size=4",
+    "model.freeze_vision_tower=false",  # the subprocess reads the default recipe, the in-process runs do not
 ]
 
 
