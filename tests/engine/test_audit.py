@@ -35,13 +35,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
-
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 def tiny_cfg(model_dir, *extra):
     return load_config(None, [f"model.path={model_dir}", "model.device=cpu", "testbed.train_questions=48",
                               "rollout.max_new_tokens=6", "reward.num_workers=0", *extra])

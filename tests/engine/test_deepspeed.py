@@ -26,13 +26,6 @@ def needs_deepspeed():
     pytest.importorskip("deepspeed", reason="the [deepspeed] extra is not installed")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
-
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 def length_reward(response: str, answer: str, **context: object) -> float:
     """Test only: longer responses score higher, so a random tiny model still gets non-zero advantages."""
     return min(len(response), 20) / 20

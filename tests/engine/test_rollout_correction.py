@@ -35,13 +35,6 @@ class DriftingSampler(HfRollout):
         return batch
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
-
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 @pytest.fixture
 def external(monkeypatch):
     """Make build_run use DriftingSampler whatever rollout.backend says."""

@@ -11,13 +11,6 @@ from grpo_zoo.registry import ESTIMATORS, LOSSES, SELECTORS
 from grpo_zoo.trainer import train
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
-
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 def tiny_overrides(model_dir, out_dir, *extra):
     return [
         f"model.path={model_dir}",

@@ -23,20 +23,6 @@ HAS_VLLM_GPU = vllm_available() and torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from grpo_zoo.testbed.tiny_model import build_tiny_vlm
-
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def policy(tiny_model):
-    from grpo_zoo.policy import Policy
-
-    return Policy.from_pretrained(str(tiny_model))
-
-
-@pytest.fixture(scope="module")
 def encoded(policy):
     from grpo_zoo.data import load_questions
     from grpo_zoo.evaluation import as_prompts
