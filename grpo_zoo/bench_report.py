@@ -5,6 +5,10 @@ seconds / wall-clock seconds to the target (over the seeds that reached it, with
 the mean effective gradient ratio, the shares of all-correct and all-wrong groups, responses per
 step and generated tokens per second, and a Welch (or Mann-Whitney) test against the baseline.
 Wall-clock is training time (the sum of time/step_s); held-out evals are left out of it.
+
+The paper-style speed-up ("DIVA-GRPO reaches GRPO's accuracy in 2.55x fewer steps") is in `speedups`:
+the baseline's mean final metric is the bar, and each recipe's steps (and CPU / wall seconds) to that
+bar are divided into the baseline's own, with a two-sample bootstrap CI of that ratio of means.
 """
 
 from __future__ import annotations
@@ -145,6 +149,46 @@ def compare(a: list[float], b: list[float], test: str = "welch") -> float | None
     return float(p) if math.isfinite(p) else None
 
 
+def ratio_of_means(num: np.ndarray, den: np.ndarray) -> float:
+    """mean(num) / mean(den) over the finite entries (nan = not reached); nan if a side is empty or den's mean is 0."""
+    a, b = num[np.isfinite(num)], den[np.isfinite(den)]
+    if not len(a) or not len(b) or b.mean() <= 0:
+        return math.nan
+    return float(a.mean() / b.mean())
+
+
+def bootstrap_ratio_ci(num: list[float | None], den: list[float | None], confidence: float = 0.95,
+                       resamples: int = 9999, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile-bootstrap CI of ratio_of_means(num, den); None/nan entries are seeds that never got there.
+
+    The two sides are independent samples of seeds, so each is resampled on its own, not-reached seeds
+    included (how many seeds reach the bar is part of the luck the interval shows); a resample where a
+    side has no reached seed (or the denominator's mean is 0) has no ratio and is skipped. None when
+    either side has fewer than 2 reached seeds, like bootstrap_ci below 2 values.
+    """
+    a = np.asarray([math.nan if v is None else v for v in num], dtype=np.float64)
+    b = np.asarray([math.nan if v is None else v for v in den], dtype=np.float64)
+    if np.isfinite(a).sum() < 2 or np.isfinite(b).sum() < 2:
+        return None
+    rng = np.random.default_rng(seed)
+
+    def resampled_means(x: np.ndarray) -> np.ndarray:
+        idx = rng.integers(0, len(x), size=(resamples, len(x)))
+        reached = np.isfinite(x)[idx]
+        sums = np.where(reached, x[idx], 0.0).sum(axis=1)
+        counts = reached.sum(axis=1)
+        return np.divide(sums, counts, out=np.full(resamples, math.nan), where=counts > 0)
+
+    mean_a, mean_b = resampled_means(a), resampled_means(b)
+    ok = np.isfinite(mean_a) & np.isfinite(mean_b) & (mean_b > 0)
+    if not ok.any():
+        return None
+    ratios = mean_a[ok] / mean_b[ok]
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 @dataclass
 class RecipeSummary:
     """One row of the report's main table; nan = not available, CIs are (low, high) or None."""
@@ -204,6 +248,86 @@ def summarize(results: list[TrialResult], cfg: BenchConfig) -> list[RecipeSummar
     return rows
 
 
+BAR_TOLERANCE = 1e-9  # float rounding of the baseline's mean must not hide a seed sitting exactly on it
+
+
+@dataclass
+class SpeedupRow:
+    """One recipe against the bar A_base = the baseline's mean final metric (nan = n/a, CIs as in RecipeSummary).
+
+    steps/cpu/wall_to_base are means over the seeds that reached A_base (`reached` of `seeds`); a
+    speed-up is the baseline's mean divided by this recipe's mean, so > 1 means it got there faster
+    (2.0 = in half the steps). The CPU-seconds speed-up is the equal-compute view: a recipe whose steps
+    cost more pays for it there. nan when this recipe reached A_base on no seed; 1 for the baseline.
+    """
+
+    recipe: str
+    seeds: int  # finished trials (one without any held-out eval counts as not reached)
+    reached: int
+    steps_to_base: float
+    steps_to_base_ci: tuple[float, float] | None
+    cpu_to_base: float
+    cpu_to_base_ci: tuple[float, float] | None
+    wall_to_base: float
+    wall_to_base_ci: tuple[float, float] | None
+    speedup_steps: float
+    speedup_steps_ci: tuple[float, float] | None
+    speedup_cpu: float
+    speedup_cpu_ci: tuple[float, float] | None
+    speedup_wall: float
+    speedup_wall_ci: tuple[float, float] | None
+
+
+@dataclass
+class Speedups:
+    """The "reaches the baseline's accuracy in k x fewer steps" figure; `note` says why it is missing."""
+
+    baseline: str
+    metric: str
+    base_final: float  # A_base: the bar every recipe's steps are counted to; nan without baseline trials
+    rows: list[SpeedupRow] = field(default_factory=list)
+    note: str = ""
+
+
+def speedups(results: list[TrialResult], cfg: BenchConfig) -> Speedups:
+    """Steps / CPU s / wall s of every recipe to the baseline's mean final metric, as ratios to the baseline's."""
+    base_finals = [r.final for r in results if r.recipe == cfg.baseline and r.final is not None]
+    out = Speedups(cfg.baseline, cfg.metric, nanmean(base_finals))
+    if not base_finals:
+        out.note = f"no finished `{cfg.baseline}` trial with a held-out `{cfg.metric}`: no baseline to compare with"
+        return out
+
+    def costs(name: str) -> list[list[float]]:  # [steps, cpu, wall], each per seed, nan = not reached
+        hits = [r.to_target(out.base_final - BAR_TOLERANCE) for r in results if r.recipe == name]
+        return [[math.nan if h is None else float(h[i]) for h in hits] for i in range(3)]
+
+    def ci(values: list[float]) -> tuple[float, float] | None:
+        return bootstrap_ci(values, cfg.confidence, cfg.bootstrap_resamples)
+
+    base = costs(cfg.baseline)
+    for name in cfg.recipes:
+        mine = costs(name)
+        if not mine[0]:
+            continue  # no finished trial of this recipe: the main table already says so
+        ratios: list[float] = []
+        intervals: list[tuple[float, float] | None] = []
+        for b, m in zip(base, mine):
+            is_base = name == cfg.baseline
+            ratios.append(1.0 if is_base else ratio_of_means(np.asarray(b), np.asarray(m)))
+            intervals.append(None if is_base or math.isnan(ratios[-1]) else
+                             bootstrap_ratio_ci(b, m, cfg.confidence, cfg.bootstrap_resamples))
+        out.rows.append(SpeedupRow(
+            recipe=name, seeds=len(mine[0]), reached=sum(math.isfinite(v) for v in mine[0]),
+            steps_to_base=nanmean(mine[0]), steps_to_base_ci=ci(mine[0]),
+            cpu_to_base=nanmean(mine[1]), cpu_to_base_ci=ci(mine[1]),
+            wall_to_base=nanmean(mine[2]), wall_to_base_ci=ci(mine[2]),
+            speedup_steps=ratios[0], speedup_steps_ci=intervals[0],
+            speedup_cpu=ratios[1], speedup_cpu_ci=intervals[1],
+            speedup_wall=ratios[2], speedup_wall_ci=intervals[2],
+        ))
+    return out
+
+
 def nanmean(values: list[Any]) -> float:
     """Mean of the finite values; nan when there are none (never a warning)."""
     x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
@@ -244,21 +368,24 @@ def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: li
     results = [r for t in trials if status[(t.recipe, t.seed)] == "done"
                for r in [load_trial(t.run_dir, t.recipe, t.seed, cfg.metric)] if r is not None]
     summaries = summarize(results, cfg)
+    speed = speedups(results, cfg)
     plots = write_plots(out_dir / "plots", results, cfg)
     (out_dir / "summary.json").write_text(json.dumps({
         "metric": cfg.metric, "target": cfg.target, "baseline": cfg.baseline, "test": cfg.test,
         "recipes": [plain(asdict(s)) for s in summaries],
+        "speedup_vs_baseline": plain(asdict(speed)),
         "trials": [{"recipe": t.recipe, "seed": t.seed, "status": status[(t.recipe, t.seed)],
                     "run_dir": str(t.run_dir)} for t in trials],
     }, indent=1))
-    lines = report_lines(cfg, summaries, results, status, plots, list(extra))
+    lines = report_lines(cfg, summaries, results, status, plots, list(extra), speed)
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list[TrialResult],
-                 status: dict[tuple[str, int], str], plots: dict[str, str], extra: list[str]) -> list[str]:
+                 status: dict[tuple[str, int], str], plots: dict[str, str], extra: list[str],
+                 speed: Speedups | None = None) -> list[str]:
     pct = f"{cfg.confidence:.0%}"
     test = "Welch t-test" if cfg.test == "welch" else "Mann-Whitney U"
     from grpo_zoo.bench import override_strings
@@ -286,6 +413,7 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
             f"| {fmt(s.wall_to_target, s.wall_to_target_ci, 0)} | {fmt(s.steps, digits=1)} | {fmt(s.cpu_s, digits=0)} "
             f"| {fmt(s.effective_gradient_ratio)} | {fmt(s.all_correct)} | {fmt(s.all_wrong)} "
             f"| {fmt(s.responses_per_step, digits=1)} | {fmt(s.tokens_per_s, digits=0)} |")
+    lines += speedup_lines(cfg, speed if speed is not None else speedups(results, cfg))
     lines += ["", "## Plots", ""]
     lines += [f"![{title}](plots/{name})" for title, name in plots.items()] or ["(no finished trials to plot)"]
     lines += ["", "## Trials", "",
@@ -298,4 +426,32 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
         reached = str(hit[0]) if hit else ("not reached" if r else "")
         lines.append(f"| {recipe} | {seed} | {state} | {r.steps if r else ''} | {fmt(r.cpu_s, digits=0) if r else ''} "
                      f"| {fmt(r.final) if r else ''} | {reached} |")
+    return lines
+
+
+def speedup_lines(cfg: BenchConfig, speed: Speedups) -> list[str]:
+    """The report's "Speed-up vs <baseline>" section (a heading, one sentence, a table, or why there is none)."""
+    pct = f"{cfg.confidence:.0%}"
+    bar = fmt(speed.base_final)
+    lines = ["", f"## Speed-up vs {speed.baseline} (steps to the baseline's final {speed.metric} = {bar})", ""]
+    if speed.note:
+        return [*lines, f"Not available: {speed.note}."]
+    lines += [f"A_base = {bar} is the mean over `{speed.baseline}`'s seeds of its final `{speed.metric}`; each "
+              f"seed's cost is the first eval step (and its CPU seconds) at which it reached A_base. Speed-up = "
+              f"`{speed.baseline}`'s mean steps (CPU s) to A_base / this recipe's, means over the seeds that "
+              f"reached it, so > 1 means faster than the baseline; the CPU-s speed-up is the equal-compute view. "
+              f"CIs: {pct} bootstrap over seeds, each recipe's seeds resampled independently (n/a below 2 "
+              f"seeds that reached it).", "",
+              f"| recipe | reached | steps to it (mean [{pct} CI]) | speed-up in steps [CI] | speed-up in CPU s [CI] |",
+              "|---|---|---|---|---|"]
+    for row in speed.rows:
+        if row.recipe == speed.baseline:
+            step_up = cpu_up = "1 (baseline)"
+        elif not row.reached:
+            step_up = cpu_up = "not reached"
+        else:
+            step_up = fmt(row.speedup_steps, row.speedup_steps_ci, 2)
+            cpu_up = fmt(row.speedup_cpu, row.speedup_cpu_ci, 2)
+        steps = fmt(row.steps_to_base, row.steps_to_base_ci, 1) if row.reached else "not reached"
+        lines.append(f"| {row.recipe} | {row.reached}/{row.seeds} | {steps} | {step_up} | {cpu_up} |")
     return lines

@@ -175,7 +175,8 @@ class TrainConfig:
     kl_coef: float = 0.0  # beta; > 0 loads a frozen reference copy of the policy
     kl_estimator: Literal["k1", "k3"] = "k3"
     seed: int = 0
-    max_cpu_seconds: float = 0.0  # stop when the process has used this much CPU time; 0 = off
+    max_cpu_seconds: float = 0.0  # stop when training steps have used this much CPU time (evals and
+    #   checkpoints not counted; a resumed run continues the count); 0 = off
     backend: Literal["plain", "deepspeed"] = "plain"  # plain = one process, one device; deepspeed = ZeRO
     #   data parallel over the processes of torchrun/deepspeed (or one process), see train.deepspeed
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # read only by backend deepspeed
@@ -214,13 +215,16 @@ class TestbedConfig:
     #   step, ~4x at 16) and per-question state (DIVA's D, VADE's posteriors) has something to track
     eval_questions: int = 512
     seed: int = 0
+    vision_pretrain_steps: int = 300  # the tower's own pre-training (testbed/vision_pretrain.py); 0 = random tower
+    vision_pretrain_batch_size: int = 64
+    vision_pretrain_lr: float = 1e-3  # cosine down to a tenth
     warmup_steps: int = 600  # ~4.5 min on 2 threads (0.45 s per step of 32, vision tower frozen)
     warmup_batch_size: int = 32
     warmup_lr: float = 1e-3  # 2e-3 did not learn in the feasibility probe
     warmup_lr_min: float = 1e-4  # the cosine schedule ends here
     warmup_hold_share: float = 0.5  # share of the steps held at warmup_lr before the cosine
-    warmup_vision_lr_mult: float = 0.0  # the vision tower's lr / warmup_lr; 0 = frozen at its random init
-    #   (trained at 1-3x it collapsed to image-independent features, see testbed/warmup.py)
+    warmup_vision_lr_mult: float = 0.0  # the vision tower's lr / warmup_lr; 0 = frozen as pre-trained
+    #   (trained with the LM at 1-3x it collapsed to image-independent features, see testbed/warmup.py)
     warmup_grad_clip: float = 1.0
     warmup_hint_share: float = 0.25  # share of warm-up prompts shown with 1..all solution steps as a hint
     warmup_paraphrase_share: float = 0.25  # share shown as a paraphrase (same difficulty as the original)

@@ -355,17 +355,21 @@ def loop(run: Run, start_step: int) -> TrainResult:
         result.first_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
         run.logger.log(0, result.first_eval)
         print(_format_eval(0, result.first_eval))
-    cpu_start = time.process_time() - float(run.counters.get("cpu_seconds", 0.0))
+    # CPU seconds spent in training steps only: held-out evals and checkpoints are measurement, and an
+    # arm whose steps are cheaper runs more of them in a budget, so counting them would tax it.
+    train_cpu = float(run.counters.get("cpu_seconds", 0.0))
     progress = _progress(cfg, start_step)
     step = start_step
     for step in range(start_step, cfg.train.steps):
         run.step = step
-        if cfg.train.max_cpu_seconds and time.process_time() - cpu_start >= cfg.train.max_cpu_seconds:
+        if cfg.train.max_cpu_seconds and train_cpu >= cfg.train.max_cpu_seconds:
             print(f"grpo-zoo: CPU budget of {cfg.train.max_cpu_seconds:.0f} s reached after {step} steps")
             break
+        step_cpu = time.process_time()
         metrics = training_step(run, step)
         done = step + 1
-        metrics["time/cpu_s"] = time.process_time() - cpu_start
+        train_cpu += time.process_time() - step_cpu
+        metrics["time/cpu_s"] = train_cpu
         is_last = done == cfg.train.steps
         if run.eval_pool and ((cfg.eval.every and done % cfg.eval.every == 0) or is_last):
             eval_metrics = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)

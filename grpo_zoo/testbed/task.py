@@ -33,6 +33,7 @@ PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles"}
 COLOURS = {"red": (214, 39, 40), "green": (44, 160, 44), "blue": (31, 90, 200), "yellow": (222, 180, 20)}
 MIN_SHAPES, MAX_SHAPES = 1, 8
 MIN_SIZE, MAX_SIZE = 10, 22  # shape bounding-box side; small so noise/low-res/occlusion hide them
+FEW_SHAPES, FEW_MIN_SIZE = 2, 14  # scenes of <= FEW_SHAPES shapes draw no shape smaller than FEW_MIN_SIZE
 GAP = 3  # pixels kept free between bounding boxes, so shapes never touch
 MAX_K = 5  # "plus k" uses k in 1..MAX_K
 
@@ -40,13 +41,14 @@ MAX_K = 5  # "plus k" uses k in 1..MAX_K
 # perception-limited tail the warm-up cannot learn well; hints turn them from all-wrong to mixed.
 KIND_WEIGHTS = {"total": 0.35, "total_plus": 0.30, "colour": 0.10, "colour_plus": 0.075, "shape": 0.10,
                 "shape_plus": 0.075}
-# Scenes with few shapes are drawn a little more often: they supply the all-right groups
-# (ARCHITECTURE.md condition 3 asks >= 15% all-right and >= 15% all-wrong at G = 8).
-N_WEIGHTS = (1.5, 1.5, 1.0, 1.0, 0.9, 0.9, 0.9, 0.9)  # for n = 1..8
+# A two-ended spread: scenes of 1-2 (larger) shapes supply the all-right groups and scenes of
+# 7-8 the all-wrong ones (ARCHITECTURE.md condition 3 asks >= 15% of each at G = 8).
+N_WEIGHTS = (2.5, 2.0, 1.0, 1.0, 0.8, 0.8, 1.0, 1.0)  # for n = 1..8
 
 # Demonstration error model (ARCHITECTURE.md "What worked", sharpened at both ends so that
 # both always-right and never-right questions exist). Tier = (n - 1) // 2 for n shapes in
-# the scene: 1-2, 3-4, 5-6, 7-8. Tiers >= UNDERCOUNT_TIER err only by undercounting one.
+# the scene: 1-2, 3-4, 5-6, 7-8. Tiers >= UNDERCOUNT_TIER err only by undercounting, the last
+# tier by two (so a base whose perception is off by one still rarely lands on the answer).
 COUNT_ERROR_BY_TIER = (0.02, 0.25, 0.60, 1.00)
 UNDERCOUNT_TIER = 2
 # Arithmetic slips on the plus step grow with k; their mean over k = 1..5 is 0.30.
@@ -129,7 +131,7 @@ def _random_scene(rng: random.Random, n: int) -> SceneSpec:
     while True:
         shapes: list[Shape] = []
         for _ in range(n):
-            size = rng.randint(MIN_SIZE, MAX_SIZE)
+            size = rng.randint(FEW_MIN_SIZE if n <= FEW_SHAPES else MIN_SIZE, MAX_SIZE)
             for _ in range(100):
                 x, y = rng.randint(1, CANVAS - size - 1), rng.randint(1, CANVAS - size - 1)
                 if all(x + size + GAP <= o.x or o.x + o.size + GAP <= x or y + size + GAP <= o.y
@@ -244,7 +246,10 @@ def _info(question: Question) -> dict:
 
 
 def _miscount(rng: random.Random, count: int, tier: int, floor: int) -> int:
-    """A count off by one: undercount in the hard tiers, either way below, never under floor."""
+    """A wrong count: under by two in the last tier, under by one from UNDERCOUNT_TIER, else off by one
+    either way; never under floor (then the nearest wrong count that is not)."""
+    if tier == len(COUNT_ERROR_BY_TIER) - 1 and count - 2 >= floor:
+        return count - 2
     if count - 1 < floor:
         return count + 1
     if tier >= UNDERCOUNT_TIER:
@@ -256,10 +261,11 @@ def demonstration(question: Question, rng: random.Random, *, hint_steps_shown: i
                   paraphrased: bool = False) -> str:
     """One imperfect warm-up target, `<think>STEP STEP</think>\\boxed{N}`.
 
-    Step 1 miscounts by one with probability COUNT_ERROR_BY_TIER[tier] (always an undercount
-    from tier 2 on); the plus step slips by one with probability SLIP_BY_K[k], never onto the
-    true answer; the boxed answer is what the steps computed. Steps a hint showed in the
-    prompt (`hint_steps_shown` = k > 0) are copied exactly, so hints make questions easier,
+    Step 1 miscounts with probability COUNT_ERROR_BY_TIER[tier] (`_miscount`: by one, always
+    an undercount from tier 2 on, by two in the last tier); the plus step slips by one with
+    probability SLIP_BY_K[k], never onto the true answer; the boxed answer is what the steps
+    computed. Steps a hint showed in the prompt (`hint_steps_shown` = k > 0) are copied
+    exactly, so hints make questions easier,
     as pre-training teaches an instruct model. `paraphrased` changes nothing: paraphrases are
     exactly as hard as originals. The exact accuracy is `demo_accuracy(question, k)`.
     """

@@ -43,7 +43,8 @@ def _code_version() -> dict[str, str]:
     from grpo_zoo.variants import add_hint
 
     here = Path(__file__).resolve().parent
-    sources = {name: (here / name).read_bytes() for name in ("task.py", "tokenizer.py", "tiny_model.py", "warmup.py")}
+    sources = {name: (here / name).read_bytes() for name in ("task.py", "tokenizer.py", "tiny_model.py", "warmup.py",
+                                                        "vision_pretrain.py")}
     sources["add_hint"] = inspect.getsource(add_hint).encode()
     return {name: hashlib.sha256(src).hexdigest() for name, src in sources.items()}
 
@@ -100,6 +101,9 @@ def ensure_testbed_model(cfg: TestbedConfig, log: Callable[[str], None] = print)
 def _check(cfg: TestbedConfig) -> None:
     if cfg.warmup_steps < 0 or cfg.warmup_batch_size < 1:
         raise ValueError("testbed.warmup_steps must be >= 0 and testbed.warmup_batch_size >= 1")
+    if cfg.vision_pretrain_steps < 0 or cfg.vision_pretrain_batch_size < 1 or cfg.vision_pretrain_lr <= 0:
+        raise ValueError("testbed.vision_pretrain_steps must be >= 0, vision_pretrain_batch_size >= 1 "
+                         "and vision_pretrain_lr > 0")
     if not 0 <= cfg.warmup_hold_share <= 1 or cfg.warmup_vision_lr_mult < 0:
         raise ValueError("testbed.warmup_hold_share must be in [0, 1] and warmup_vision_lr_mult >= 0")
     if not 0 < cfg.warmup_lr_min <= cfg.warmup_lr:
@@ -162,6 +166,7 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     from grpo_zoo.policy import Policy
     from grpo_zoo.testbed import task
     from grpo_zoo.testbed.tiny_model import build_tiny_vlm
+    from grpo_zoo.testbed.vision_pretrain import pretrain_vision
 
     log(f"testbed: building the tiny VLM (seed {cfg.seed}) and warming it up for {cfg.warmup_steps} steps "
         f"of {cfg.warmup_batch_size} (cached after this run)")
@@ -175,11 +180,14 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     # pool for many epochs would memorise its answers instead of learning to read the image.
     questions = task.question_stream("train", cfg.seed, stream="warmup")
     rng = random.Random(f"grpo_zoo.warmup:{cfg.seed}")
-    # The vision tower is frozen at its random init by default (warmup_vision_lr_mult = 0), as an
-    # instruct model's pretrained encoder is. Trained along with the language model, it collapsed:
-    # its image tokens grew ~200x larger than text embeddings while their variation across images
-    # fell from ~30% to ~2% of their norm (an attention sink that shows the LM nothing), and counts
-    # were guessed from the prior after 600 steps. Its random features keep the image readable.
+    start_wall, start_cpu = time.time(), time.process_time()
+    # The vision tower learns first, alone, where the shapes are (testbed/vision_pretrain.py), and
+    # is then frozen (warmup_vision_lr_mult = 0), as an instruct model's pretrained encoder is.
+    # Trained along with the language model, it collapsed: its image tokens grew ~200x larger
+    # than text embeddings while their variation across images fell from ~30% to ~2% of their
+    # norm (an attention sink that shows the LM nothing), and counts were guessed from the prior.
+    vision_report = pretrain_vision(policy, steps=cfg.vision_pretrain_steps, batch_size=cfg.vision_pretrain_batch_size,
+                                    lr=cfg.vision_pretrain_lr, seed=cfg.seed, log=log)
     if cfg.warmup_vision_lr_mult == 0:
         policy.freeze_vision()  # no backward through the tower either (faster)
     vision = [p for name, p in policy.model.named_parameters() if ".visual." in f".{name}" and p.requires_grad]
@@ -189,7 +197,6 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.warmup_lr, weight_decay=0.0)
     policy.model.train()
     losses: list[float] = []
-    start_wall, start_cpu = time.time(), time.process_time()
     every = max(1, cfg.warmup_steps // 10)
     for step in range(cfg.warmup_steps):
         pairs = [warmup_example(next(questions), rng, cfg) for _ in range(cfg.warmup_batch_size)]
@@ -213,6 +220,7 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
         "settings": asdict(cfg),
         "cache_key": cache_key(cfg),
         "loss_curve": losses,
+        "vision_pretrain": vision_report,
         "wall_seconds": time.time() - start_wall,
         "cpu_seconds": time.process_time() - start_cpu,
         "torch_threads": torch.get_num_threads(),

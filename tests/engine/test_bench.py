@@ -21,7 +21,17 @@ from grpo_zoo.bench import (
     run_trials,
     validate_bench,
 )
-from grpo_zoo.bench_report import bootstrap_ci, compare, load_trial, summarize, write_report
+from grpo_zoo.bench_report import (
+    bootstrap_ci,
+    bootstrap_ratio_ci,
+    compare,
+    load_trial,
+    report_lines,
+    speedup_lines,
+    speedups,
+    summarize,
+    write_report,
+)
 from grpo_zoo.configuration import ConfigError, build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +122,84 @@ def test_report_and_plots(tmp_path):
         assert (tmp_path / "plots" / png).stat().st_size > 1000 and f"(plots/{png})" in text
     summary = (tmp_path / "summary.json").read_text()
     assert "NaN" not in summary and json.loads(summary)["recipes"][1]["reached"] == 3
+
+
+SPEEDUP_ARMS = {  # recipe -> (CPU s per step, held-out curve per seed at steps 0, 10, ..., 50)
+    "grpo": (2.0, [[0.2, 0.3, 0.4, 0.45, 0.5, 0.5],  # final 0.5: never reaches A_base = mean(0.5, 0.6, 0.7)
+                   [0.2, 0.3, 0.4, 0.5, 0.55, 0.6],  # reaches 0.6 at step 50, exactly on the bar
+                   [0.2, 0.3, 0.5, 0.65, 0.7, 0.7]]),  # at step 30: the baseline's mean is 40 steps
+    "diva": (4.0, [[0.2, 0.6, 0.7, 0.7, 0.8, 0.8],  # steps 10, 30, 20: mean 20 = 2x fewer steps than grpo,
+                   [0.2, 0.3, 0.5, 0.6, 0.7, 0.75],  # but each step costs 2x the CPU: 1x in CPU s
+                   [0.2, 0.4, 0.62, 0.7, 0.7, 0.8]]),
+    "slow": (2.0, [[0.2, 0.3, 0.4, 0.5, 0.55, f] for f in (0.55, 0.5, 0.45)]),  # never reaches 0.6
+    "solo": (4.0, [[0.2, 0.9, 0.9, 0.9, 0.9, 0.9]]),  # one seed: step 10 (4x), CPU 40 s (2x), no CI
+}
+
+
+def speedup_bench(root, arms=SPEEDUP_ARMS):
+    trials = []
+    for recipe, (cpu_per_step, curves) in arms.items():
+        for seed, curve in enumerate(curves):
+            run_dir = root / "trials" / recipe / f"seed-{seed}"
+            write_metrics(run_dir, dict(zip(range(0, 60, 10), curve)), egr=[0.5] * 50, cpu_per_step=cpu_per_step)
+            trials.append(Trial(recipe, seed, Path(f"{recipe}.yaml"), [], run_dir))
+    return trials
+
+
+def test_speedup_vs_baseline(tmp_path):
+    results = [load_trial(t.run_dir, t.recipe, t.seed) for t in speedup_bench(tmp_path)]
+    speed = speedups(results, bench_cfg(("grpo", "diva", "slow", "solo")))
+    assert speed.base_final == pytest.approx(0.6) and not speed.note
+    grpo, diva, slow, solo = speed.rows
+    assert (grpo.reached, grpo.seeds, grpo.steps_to_base, grpo.cpu_to_base) == (2, 3, 40, 80)
+    assert grpo.speedup_steps == 1.0 and grpo.speedup_steps_ci is None
+    assert (diva.reached, diva.steps_to_base, diva.cpu_to_base) == (3, 20, 80)
+    assert diva.speedup_steps == pytest.approx(2.0) and diva.speedup_wall == pytest.approx(2.0)
+    assert diva.speedup_cpu == pytest.approx(1.0)  # equal compute: no faster at all
+    low, high = diva.speedup_steps_ci  # resampled means lie in [30, 50] / [10, 30]
+    assert 1.0 <= low < 2.0 < high <= 5.0
+    assert diva.steps_to_base_ci == pytest.approx(bootstrap_ci([10, 30, 20], 0.95, 999))
+    assert (slow.reached, slow.seeds) == (0, 3) and math.isnan(slow.speedup_steps) and slow.speedup_steps_ci is None
+    assert math.isnan(slow.steps_to_base) and math.isnan(slow.speedup_cpu)
+    assert (solo.reached, solo.speedup_steps, solo.speedup_cpu) == (1, 4.0, 2.0)
+    assert solo.speedup_steps_ci is None and solo.steps_to_base_ci is None  # one seed: CI n/a
+
+
+def test_ratio_bootstrap_edge_cases():
+    assert bootstrap_ratio_ci([40, 40], [20, 20, None]) == pytest.approx((2.0, 2.0))  # no spread, not-reached skipped
+    assert bootstrap_ratio_ci([40, None, None], [20, 10]) is None  # one reached seed on a side: n/a
+    ci = bootstrap_ratio_ci([50, 30, None], [10, 30, 20], resamples=999)
+    assert ci == bootstrap_ratio_ci([50, 30, None], [10, 30, 20], resamples=999)  # seeded: reproducible
+    assert 1.0 <= ci[0] < ci[1] <= 5.0
+
+
+def test_speedup_section_in_report(tmp_path):
+    cfg = bench_cfg(("grpo", "diva", "slow", "solo"))
+    report = write_report(tmp_path, cfg, speedup_bench(tmp_path))
+    text = report.read_text()
+    heading = "## Speed-up vs grpo (steps to the baseline's final eval/pass@1 = 0.600)"
+    assert heading in text and text.index("| grpo | 3/3 |") < text.index(heading) < text.index("## Plots")
+    assert "| grpo | 2/3 | 40.0 [30.0, 50.0] | 1 (baseline) | 1 (baseline) |" in text
+    assert "| diva | 3/3 | 20.0 [" in text and "| 2.00 [" in text and "| 1.00 [" in text
+    assert "| slow | 0/3 | not reached | not reached | not reached |" in text
+    assert "| solo | 1/1 | 10.0 | 4.00 | 2.00 |" in text and "> 1 means faster than the baseline" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())["speedup_vs_baseline"]
+    assert summary["baseline"] == "grpo" and summary["base_final"] == pytest.approx(0.6)
+    rows = {row["recipe"]: row for row in summary["rows"]}
+    assert rows["diva"]["speedup_steps"] == pytest.approx(2.0) and rows["diva"]["speedup_cpu"] == pytest.approx(1.0)
+    assert rows["slow"]["speedup_steps"] is None and rows["slow"]["reached"] == 0  # nan -> null, strict JSON
+
+
+def test_speedup_without_baseline(tmp_path):
+    cfg = bench_cfg(("grpo", "diva"))
+    trials = speedup_bench(tmp_path, {"diva": SPEEDUP_ARMS["diva"]})
+    results = [load_trial(t.run_dir, t.recipe, t.seed) for t in trials]
+    speed = speedups(results, cfg)
+    assert speed.rows == [] and math.isnan(speed.base_final) and "no finished `grpo` trial" in speed.note
+    assert "Not available: no finished `grpo` trial" in "\n".join(speedup_lines(cfg, speed))
+    status = {(t.recipe, t.seed): "done" for t in trials} | {("grpo", 0): "failed"}
+    text = "\n".join(report_lines(cfg, summarize(results, cfg), results, status, {}, []))
+    assert "## Speed-up vs grpo (steps to the baseline's final eval/pass@1 = n/a)" in text
 
 
 @pytest.mark.parametrize("change, message", [

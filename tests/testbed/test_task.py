@@ -166,9 +166,14 @@ def test_demonstration_error_rates():
         for _ in range(draws):
             m = RESPONSE.fullmatch(demonstration(q, rng, paraphrased=bool(rng.getrandbits(1))))
             count, boxed = int(m.group(1)), int(m.group(5))
-            assert abs(count - q.extras["count"]) <= 1
-            if tier >= task.UNDERCOUNT_TIER and q.extras["count"] > 0:
-                assert count <= q.extras["count"]  # the hard tiers only undercount
+            true = q.extras["count"]
+            floor = 1 if kind.startswith("total") else 0
+            if tier == 3 and true - 2 >= floor:
+                assert count in (true, true - 2)  # the last tier undercounts by two
+            else:
+                assert abs(count - true) <= 1
+            if tier >= task.UNDERCOUNT_TIER and true > floor:
+                assert count <= true  # the hard tiers only undercount
             miscounts += count != q.extras["count"]
             if k:
                 a, b, c = map(int, m.group(2, 3, 4))
@@ -205,7 +210,7 @@ def test_difficulty_spread(train, eval_set):
         levels = Counter(q.extras["level"] for q in pool)
         shares = [levels[level] / len(pool) for level in range(5)]
         assert shares[0] >= 0.15 and shares[4] >= 0.15, shares
-        assert all(s >= 0.04 for s in shares), shares
+        assert all(s >= 0.02 for s in shares), shares  # every level exists (the middle ones are thinner)
         p = np.array([q.extras["demo_accuracy"] for q in pool])
         assert (p**8).mean() >= 0.17 and ((1 - p) ** 8).mean() >= 0.17  # all-right / all-wrong groups at G = 8
         assert 0.4 <= p.mean() <= 0.6

@@ -86,7 +86,8 @@ def test_spec_rejects_bad_mrope_section():
 
 
 def _tiny_warmup_cfg(tmp_path: Path, **kw) -> BedConfig:
-    base = dict(train_questions=24, warmup_steps=2, warmup_batch_size=4, cache_dir=str(tmp_path / "cache"))
+    base = dict(train_questions=24, warmup_steps=2, warmup_batch_size=4, vision_pretrain_steps=2,
+                vision_pretrain_batch_size=4, cache_dir=str(tmp_path / "cache"))
     base.update(kw)
     return BedConfig(**base)
 
@@ -99,6 +100,7 @@ def test_warmup_runs_then_hits_the_cache(tmp_path):
     cfg = _tiny_warmup_cfg(tmp_path)
     first = ensure_testbed_model(cfg, log=lines.append)
     assert (first / DONE_FILE).is_file() and any("warm-up: step 2/2" in line for line in lines)
+    assert any("vision pre-training: step 2/2" in line for line in lines)
     lines.clear()
     second = ensure_testbed_model(cfg, log=lines.append)
     assert second == first and any("cached" in line for line in lines) and not any("step" in line for line in lines)
@@ -114,6 +116,7 @@ def test_cache_key_covers_settings_but_not_cache_dir(tmp_path):
     assert cache_key(cfg) == cache_key(_tiny_warmup_cfg(tmp_path, cache_dir="/elsewhere"))
     assert cache_key(cfg) != cache_key(_tiny_warmup_cfg(tmp_path, warmup_lr=5e-4))
     assert cache_key(cfg) != cache_key(_tiny_warmup_cfg(tmp_path, seed=1))
+    assert cache_key(cfg) != cache_key(_tiny_warmup_cfg(tmp_path, vision_pretrain_steps=3))
 
 
 def test_warmup_mixes_original_paraphrased_and_hinted_prompts(tmp_path):
@@ -138,6 +141,8 @@ def test_warmup_rejects_bad_settings(tmp_path):
 
     with pytest.raises(ValueError, match="warmup_lr_min"):
         ensure_testbed_model(_tiny_warmup_cfg(tmp_path, warmup_lr_min=1.0))
+    with pytest.raises(ValueError, match="vision_pretrain"):
+        ensure_testbed_model(_tiny_warmup_cfg(tmp_path, vision_pretrain_lr=0.0))
     with pytest.raises(ValueError, match="hint_share"):
         ensure_testbed_model(_tiny_warmup_cfg(tmp_path, warmup_hint_share=0.8, warmup_paraphrase_share=0.5))
 
