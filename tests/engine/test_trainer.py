@@ -122,3 +122,33 @@ def test_missing_model_path_is_clear(tmp_path):
     cfg = load_config(None, [f"model.path={tmp_path / 'nope'}", f"output.dir={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match="not a local Hugging Face model directory"):
         train(cfg, recipe="bad")
+
+
+def test_cpu_budget_counts_training_steps_not_evals(tiny_model, tmp_path, monkeypatch):
+    """train.max_cpu_seconds is equal compute per arm: held-out evals (here made to burn 2 s of CPU
+    each) are not charged to it, so an arm with cheaper steps (more evals per budget) is not taxed."""
+    import time
+
+    from grpo_zoo import trainer
+
+    real_evaluate = trainer.evaluate
+
+    def slow_evaluate(*args, **kwargs):
+        end = time.process_time() + 2.0
+        while time.process_time() < end:
+            pass
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate", slow_evaluate)
+    cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run", "train.steps=3", "eval.every=1",
+                                           "eval.at_start=false"))
+    result = train(cfg, recipe="budget")
+    rows = [r for r in records(result.run_dir) if "time/cpu_s" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    step_cpu = [b["time/cpu_s"] - a["time/cpu_s"] for a, b in zip(rows, rows[1:])]
+    assert all(0 < c < 1.5 for c in step_cpu), step_cpu  # a step (~0.5 s) without its eval (>= 2 s)
+    # The budget stops the run on training CPU: a budget below one step's cost ends it after one step.
+    monkeypatch.setattr(trainer, "evaluate", real_evaluate)
+    cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run2", "train.steps=3", "eval.every=1",
+                                           f"train.max_cpu_seconds={rows[0]['time/cpu_s'] / 2}"))
+    assert train(cfg, recipe="budget").steps == 1
