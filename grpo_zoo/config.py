@@ -227,7 +227,9 @@ class TestbedConfig:
     #   (trained with the LM at 1-3x it collapsed to image-independent features, see testbed/warmup.py)
     warmup_grad_clip: float = 1.0
     warmup_hint_share: float = 0.25  # share of warm-up prompts shown with 1..all solution steps as a hint
-    warmup_paraphrase_share: float = 0.25  # share shown as a paraphrase (same difficulty as the original)
+    warmup_paraphrase_share: float = 0.5625  # share shown as a paraphrase: (1 - hint share) x 3/4, so the
+    #   original wording and each of the 3 paraphrases are shown equally often (at 0.25 each paraphrase
+    #   was seen a third as often as the original, and paraphrased questions audited 3 points harder)
     cache_dir: str = "~/.cache/grpo_zoo/testbed"
 
 

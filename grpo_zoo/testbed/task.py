@@ -39,11 +39,11 @@ MAX_K = 5  # "plus k" uses k in 1..MAX_K
 
 # Which question kinds are drawn, and how often. Filter kinds ("how many red shapes") are the
 # perception-limited tail the warm-up cannot learn well; hints turn them from all-wrong to mixed.
-KIND_WEIGHTS = {"total": 0.35, "total_plus": 0.30, "colour": 0.10, "colour_plus": 0.075, "shape": 0.10,
-                "shape_plus": 0.075}
+KIND_WEIGHTS = {"total": 0.45, "total_plus": 0.30, "colour": 0.07, "colour_plus": 0.055, "shape": 0.07,
+                "shape_plus": 0.055}
 # A two-ended spread: scenes of 1-2 (larger) shapes supply the all-right groups and scenes of
 # 7-8 the all-wrong ones (ARCHITECTURE.md condition 3 asks >= 15% of each at G = 8).
-N_WEIGHTS = (2.5, 2.0, 1.0, 1.0, 0.8, 0.8, 1.0, 1.0)  # for n = 1..8
+N_WEIGHTS = (4.0, 2.0, 0.8, 0.8, 0.6, 0.6, 1.2, 1.2)  # for n = 1..8
 
 # Demonstration error model (ARCHITECTURE.md "What worked", sharpened at both ends so that
 # both always-right and never-right questions exist). Tier = (n - 1) // 2 for n shapes in
