@@ -7,6 +7,11 @@ histograms.jsonl; checkpoints; train.log). A trial that ended writes trial.json 
 train.seed varies across seeds: testbed.seed (data, warm-up) is the same for every trial, and the
 fields that make arms comparable (model, data, eval, steps, CPU budget) must resolve equal in
 every arm, as ARCHITECTURE.md's condition 4 asks. Statistics and plots: grpo_zoo.bench_report.
+
+Before the first trial, the starting base is audited once (`grpo-zoo audit` under one arm's recipe
+with the bench's overrides, in a process of its own, always on this machine) into OUT/audit/; the
+report heads with its figures. An existing OUT/audit/audit.json is reused, never recomputed; a
+failed audit is logged (OUT/audit/audit.log), retried by the next run, and never stops the trials.
 """
 
 from __future__ import annotations
@@ -52,6 +57,31 @@ class ArmConfig:
 
 
 @dataclass
+class BenchAuditConfig:
+    """The `grpo-zoo audit` of the starting base that heads the report (OUT/audit/), run once before the trials."""
+
+    enabled: bool = True  # false: no audit (the report says how to run one)
+    questions: int = 512  # originals audited (--questions); >= 500 keeps the CIs ~ +-0.03
+    variant_questions: int = 128  # questions per variant kind (--variant-questions); 0 = originals only
+    kinds: list[str] | None = None  # kinds or families to audit (--kinds); null = every kind DIVA's selector builds
+    durian: bool = False  # Durian's visual entropy and confidence too (one extra forward; --no-durian when false)
+    recipe: str = ""  # the arm whose recipe (and arm overrides) the audit runs under; "" = the baseline
+
+    def __post_init__(self) -> None:
+        if self.questions < 1 or self.variant_questions < 0:
+            raise ValueError(f"'questions' must be >= 1 and 'variant_questions' >= 0, got {self.questions} and "
+                             f"{self.variant_questions}")
+        if self.kinds is not None:
+            from grpo_zoo.audit import KIND_NAMES
+            from grpo_zoo.audit_report import INTENDED
+
+            unknown = [k for k in self.kinds if k not in KIND_NAMES and k not in INTENDED]
+            if not self.kinds or unknown:
+                raise ValueError(f"'kinds' must be null (every buildable kind) or a non-empty list of kinds "
+                                 f"{list(KIND_NAMES)} or families {list(INTENDED)}, got {self.kinds}")
+
+
+@dataclass
 class BenchConfig:
     """A head-to-head benchmark: which arms, how many seeds, the shared budget and how to report."""
 
@@ -69,6 +99,7 @@ class BenchConfig:
     threads_per_trial: int = 0  # torch threads per trial; 0 = cores // parallel
     ray: bool = False  # run trials as Ray tasks (the --ray flag sets it)
     ray_address: str = ""  # "" = start Ray on this machine; else a cluster address (shared filesystem needed)
+    audit: BenchAuditConfig = field(default_factory=BenchAuditConfig)  # the starting base's audit
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -92,6 +123,9 @@ class BenchConfig:
             if not arm.recipe:
                 raise ValueError(f"'recipes.{name}.recipe' is empty: give the recipe YAML path")
             check_keys(arm.overrides, ARM_FORBIDDEN, f"recipes.{name}.overrides", "set it in the common 'overrides'")
+        if self.audit.recipe and self.audit.recipe not in self.recipes:
+            raise ValueError(f"'audit.recipe' '{self.audit.recipe}' is not among the recipes {list(self.recipes)}: "
+                             "name the arm whose recipe the audit runs under (empty = the baseline)")
 
 
 def check_keys(overrides: dict[str, Any], forbidden: tuple[str, ...], where: str, why: str) -> None:
@@ -299,7 +333,7 @@ def run_trials(trials: list[Trial], parallel: int, threads: int, ray_address: st
     """Run trials (locally with `parallel` at once, or on Ray when ray_address is not None); returns failures."""
     if ray_address is not None:
         ray_available()  # before any trial folder is touched
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env = thread_env(threads)
     for trial in trials:
         prepare(trial)
     jobs = [(t, t.args(), str(t.run_dir / "train.log")) for t in trials]
@@ -316,6 +350,10 @@ def run_trials(trials: list[Trial], parallel: int, threads: int, ray_address: st
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
     return failed
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
 def ray_available() -> Any:
@@ -358,6 +396,101 @@ def run_on_ray(jobs: list, env: dict[str, str], threads: int, address: str):
 
 
 # --------------------------------------------------------------------------------------
+# The starting base's audit
+# --------------------------------------------------------------------------------------
+
+AUDIT_DIR = "audit"  # OUT/audit/: audit.json, audit.md, audit.png (grpo-zoo audit), audit.log, status.json
+
+
+def audit_args(cfg: BenchConfig, bench_path: Path, out_dir: Path, extra: list[str], threads: int) -> list[str]:
+    """The `grpo_zoo.cli` arguments of the bench's audit: the arm's recipe under every trial's overrides.
+
+    The arm is audit.recipe (default: the baseline); the overrides are the common ones, the arm's own
+    and the command line's, in the trials' order, so the audit sees the trials' model, data and rollout.
+    """
+    arm = cfg.audit.recipe or cfg.baseline
+    path = resolve_recipe(cfg.recipes[arm].recipe, bench_path)
+    sets = [*override_strings(cfg.overrides), *override_strings(cfg.recipes[arm].overrides), *extra]
+    args = ["audit", "--config", str(path)]
+    for override in sets:
+        args += ["--set", override]
+    args += ["--out", str(out_dir / AUDIT_DIR), "--questions", str(cfg.audit.questions),
+             "--variant-questions", str(cfg.audit.variant_questions)]
+    if cfg.audit.kinds:
+        args += ["--kinds", ",".join(cfg.audit.kinds)]
+    if not cfg.audit.durian:
+        args.append("--no-durian")
+    return [*args, "--no-progress", "--threads", str(threads)]
+
+
+def audit_key(args: list[str]) -> str:
+    """Hash of what the audit measures: its arguments without --out, --threads and --no-progress."""
+    kept, skip = [], False
+    for arg in args:
+        if skip or arg == "--no-progress":
+            skip = False
+        elif arg in ("--out", "--threads"):
+            skip = True
+        else:
+            kept.append(arg)
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]
+
+
+def audit_status(out_dir: Path) -> dict[str, Any]:
+    """OUT/audit/status.json as run_audit writes it; {} when there is none (or it cannot be read)."""
+    try:
+        return json.loads((out_dir / AUDIT_DIR / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_audit(args: list[str], out_dir: Path, threads: int) -> str:
+    """Audit the starting base once: reuse OUT/audit/audit.json, else run `grpo-zoo audit` into OUT/audit.
+
+    Returns "reused", "done" or "failed". A failure is a printed warning, never an exception: the
+    trials run anyway, the report says the audit failed and the next run retries it. The audit
+    exits 1 when nothing parses yet still writes audit.json (whose warning the report shows): done.
+    """
+    audit_dir = out_dir / AUDIT_DIR
+    if (audit_dir / "audit.json").is_file():
+        stored = audit_status(out_dir).get("key")
+        if stored and stored != audit_key(args):
+            print(f"grpo-zoo bench: warning: {audit_dir / 'audit.json'} was made by another audit command (recipe, "
+                  f"overrides or sizes changed); it is kept, not recomputed: delete {audit_dir} to audit again",
+                  flush=True)
+        else:
+            print(f"audit: reusing {audit_dir / 'audit.json'}", flush=True)
+        return "reused"
+    audit_dir.mkdir(parents=True, exist_ok=True)
+    log = audit_dir / "audit.log"
+    command = shlex.join(["grpo-zoo", *args])
+    print(f"audit of the starting base (log: {log}): {command}", flush=True)
+    with open(log, "a") as f:
+        f.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} grpo-zoo bench runs: {command}\n")
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, raise_interrupt) if main_thread else None  # `kill` stops it too
+    try:
+        ((_, _, (returncode, seconds)),) = run_locally([(None, args, str(log))], thread_env(threads), 1)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    status = "done" if (audit_dir / "audit.json").is_file() else "failed"
+    (audit_dir / "status.json").write_text(json.dumps({
+        "status": status, "returncode": returncode, "wall_s": round(seconds, 3), "key": audit_key(args),
+        "command": command, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }, indent=1))
+    if status == "done":
+        note = "" if returncode == 0 else f" (exit code {returncode}: see the audit's warning in the report)"
+        print(f"audit: done in {seconds:.0f} s{note}", flush=True)
+    else:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        print(f"grpo-zoo bench: warning: the audit failed (exit code {returncode}); the trials run anyway and the "
+              f"next run retries it; see {log}:", flush=True)
+        print("\n".join(f"    {line}" for line in tail), flush=True)
+    return status
+
+
+# --------------------------------------------------------------------------------------
 # The command
 # --------------------------------------------------------------------------------------
 
@@ -369,6 +502,7 @@ class BenchResult:
     ran: list[Trial]  # trials started by this call
     skipped: list[Trial]  # trials already done, not rerun
     failed: int
+    audit: str = ""  # the starting base's audit: reused | done | failed | "" (not run: disabled, dry run, report only)
 
 
 def run_bench(path: str | Path, overrides: list[str] | None = None, output_dir: str | None = None,
@@ -391,16 +525,23 @@ def run_bench(path: str | Path, overrides: list[str] | None = None, output_dir: 
           f"{len(skipped)} done, {len(todo)} to run ({'on Ray' if ray or cfg.ray else f'{parallel} at once'}, "
           f"{threads} torch threads each)", flush=True)
     failed = 0
+    audit = ""
+    to_audit = audit_args(cfg, bench_path, out_dir, extra, threads)
     if dry_run:
+        if cfg.audit.enabled and not (out_dir / AUDIT_DIR / "audit.json").is_file():
+            print("  [audit] " + shlex.join(["grpo-zoo", *to_audit]))
         for t in todo:
             print(f"  [{t.status()}] " + shlex.join(["grpo-zoo", *t.args()]))
         todo = []
-    elif todo and not report_only:
-        use_ray = ray or cfg.ray
-        if parallel > 1 or use_ray:
-            warm_up_once(todo[0])
-        failed = run_trials(todo, parallel, threads, (address or cfg.ray_address) if use_ray else None)
+    elif not report_only:
+        if cfg.audit.enabled:  # before the trials: it also builds the testbed warm-up they share
+            audit = run_audit(to_audit, out_dir, threads)
+        if todo:
+            use_ray = ray or cfg.ray
+            if parallel > 1 or use_ray:
+                warm_up_once(todo[0])
+            failed = run_trials(todo, parallel, threads, (address or cfg.ray_address) if use_ray else None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = write_report(out_dir, cfg, trials, extra)
+    report = write_report(out_dir, cfg, trials, extra, audit_command=to_audit)
     print(f"report: {report}")
-    return BenchResult(out_dir, report, [] if report_only else todo, skipped, failed)
+    return BenchResult(out_dir, report, [] if report_only else todo, skipped, failed, audit)

@@ -9,12 +9,17 @@ Wall-clock is training time (the sum of time/step_s); held-out evals are left ou
 The paper-style speed-up ("DIVA-GRPO reaches GRPO's accuracy in 2.55x fewer steps") is in `speedups`:
 the baseline's mean final metric is the bar, and each recipe's steps (and CPU / wall seconds) to that
 bar are divided into the baseline's own, with a two-sample bootstrap CI of that ratio of means.
+
+The "Starting base" section restates OUT/audit/audit.json (`grpo-zoo audit` of the base the
+trials start from, run by grpo_zoo.bench): group shares, pass@1, each variant kind's verdict and
+the revisits, so a head-to-head is read against the regime it was run in.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -357,10 +362,13 @@ def fmt(value: float | None, ci: tuple[float, float] | None = None, digits: int 
     return text + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
 
 
-def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: list[str] = ()) -> Path:
+def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: list[str] = (),
+                 audit_command: list[str] | None = None) -> Path:
     """Write out_dir/summary.json, out_dir/report.md and out_dir/plots/*.png; returns the report's path.
 
-    `extra` are the command line's overrides for every trial (they win over the bench file's).
+    `extra` are the command line's overrides for every trial (they win over the bench file's);
+    `audit_command` the `grpo-zoo` arguments of the bench's audit (bench.audit_args), named when there
+    is no out_dir/audit/audit.json yet.
     """
     from grpo_zoo.bench_plots import write_plots
 
@@ -370,14 +378,16 @@ def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: li
     summaries = summarize(results, cfg)
     speed = speedups(results, cfg)
     plots = write_plots(out_dir / "plots", results, cfg)
+    base_lines, base_summary = audit_section(out_dir, cfg, results, audit_command)
     (out_dir / "summary.json").write_text(json.dumps({
         "metric": cfg.metric, "target": cfg.target, "baseline": cfg.baseline, "test": cfg.test,
+        "audit": plain(base_summary),
         "recipes": [plain(asdict(s)) for s in summaries],
         "speedup_vs_baseline": plain(asdict(speed)),
         "trials": [{"recipe": t.recipe, "seed": t.seed, "status": status[(t.recipe, t.seed)],
                     "run_dir": str(t.run_dir)} for t in trials],
     }, indent=1))
-    lines = report_lines(cfg, summaries, results, status, plots, list(extra), speed)
+    lines = report_lines(cfg, summaries, results, status, plots, list(extra), speed, base_lines)
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -385,7 +395,7 @@ def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: li
 
 def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list[TrialResult],
                  status: dict[tuple[str, int], str], plots: dict[str, str], extra: list[str],
-                 speed: Speedups | None = None) -> list[str]:
+                 speed: Speedups | None = None, base_lines: list[str] | None = None) -> list[str]:
     pct = f"{cfg.confidence:.0%}"
     test = "Welch t-test" if cfg.test == "welch" else "Mann-Whitney U"
     from grpo_zoo.bench import override_strings
@@ -399,7 +409,8 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
              f"bootstrap over seeds (n/a below 2 seeds). Steps / CPU s / wall s to target are means over the seeds "
              f"that reached it; wall s is training time without evals. Effective gradient ratio and group shares "
              f"are of the groups trained on: dynamic sampling (dapo) drops all-equal groups before that (its "
-             f"`selector/dapo/pass_rate` is the share it kept); responses/step counts every generated response.", "",
+             f"`selector/dapo/pass_rate` is the share it kept); responses/step counts every generated response.",
+             *(base_lines or []), "", "## Results", "",
              f"| recipe | done | final {cfg.metric} [{pct} CI] | greedy | Δ vs {cfg.baseline} | p | reached target | "
              "steps to target | CPU s to target | wall s to target | steps | CPU s | eff. grad ratio | all-correct | "
              "all-wrong | responses/step | tokens/s |",
@@ -455,3 +466,115 @@ def speedup_lines(cfg: BenchConfig, speed: Speedups) -> list[str]:
         steps = fmt(row.steps_to_base, row.steps_to_base_ci, 1) if row.reached else "not reached"
         lines.append(f"| {row.recipe} | {row.reached}/{row.seeds} | {steps} | {step_up} | {cpu_up} |")
     return lines
+
+
+# --------------------------------------------------------------------------------------
+# The starting base: OUT/audit/audit.json
+# --------------------------------------------------------------------------------------
+
+PER_QUESTION_KEYS = ("question_ids", "successes", "original_successes")  # left out of summary.json
+
+
+def audit_section(out_dir: Path, cfg: BenchConfig, results: list[TrialResult],
+                  audit_command: list[str] | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The report's "Starting base (grpo-zoo audit)" section and summary.json's "audit" entry.
+
+    Without out_dir/audit/audit.json: one line (not audited, or failed) naming the command that audits.
+    """
+    from grpo_zoo.bench import AUDIT_DIR, audit_key, audit_status
+
+    arm = cfg.audit.recipe or cfg.baseline
+    command = (shlex.join(["grpo-zoo", *audit_command]) if audit_command else
+               f"grpo-zoo audit --config {cfg.recipes[arm].recipe} --out {out_dir / AUDIT_DIR}")
+    lines = ["", "## Starting base (grpo-zoo audit)", ""]
+    path = out_dir / AUDIT_DIR / "audit.json"
+    state = audit_status(out_dir)
+    if not path.is_file():
+        if state.get("status") == "failed" or (out_dir / AUDIT_DIR / "audit.log").is_file():
+            code = state.get("returncode")
+            status = "failed"
+            how = " or was interrupted" if state.get("status") != "failed" else f" (exit code {code})"
+            text = (f"Not audited: audit failed{how}, see "
+                    f"{AUDIT_DIR}/audit.log; the next `grpo-zoo bench` run retries it: `{command}`")
+        elif not cfg.audit.enabled:
+            status = "disabled"
+            text = f"Not audited (`audit.enabled` is false in the bench file); to audit: `{command}`"
+        else:
+            status = "not_audited"
+            text = (f"Not audited yet (`grpo-zoo bench` audits the base before the trials, not on --dry-run or "
+                    f"--report-only); to audit: `{command}`")
+        return [*lines, text], {"status": status, "command": command, "returncode": state.get("returncode")}
+    try:
+        data = json.loads(path.read_text())
+        body, raw = audit_body(data, arm, results)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        text = (f"Not read: {AUDIT_DIR}/audit.json is not an audit report ({type(exc).__name__}: {exc}); delete "
+                f"{out_dir / AUDIT_DIR} and rerun `grpo-zoo bench` to audit again.")
+        return [*lines, text], {"status": "unreadable", "command": command, "error": str(exc)}
+    stale = bool(audit_command and state.get("key") and state["key"] != audit_key(audit_command))
+    if stale:
+        body += ["", f"> **Note:** {AUDIT_DIR}/audit.json was made by another audit command than the bench file "
+                 f"gives now (recipe, overrides or sizes changed) and was kept; delete {out_dir / AUDIT_DIR} and "
+                 "rerun `grpo-zoo bench` to audit again."]
+    return [*lines, *body], {"status": "done", "command": state.get("command", command), "stale": stale, **raw}
+
+
+def audit_body(data: dict[str, Any], arm: str, results: list[TrialResult]) -> tuple[list[str], dict[str, Any]]:
+    """Lines and raw figures of an audit.json (AuditResult.to_dict() of grpo_zoo.audit_report)."""
+    o, settings = data["originals"], data.get("settings") or {}
+    pct = f"{settings.get('level', 0.95):.0%}"
+    greedy = "" if o.get("greedy_pass1") is None else " + 1 greedy"
+    lines = [f"Model `{data['model']}` on `{data['data']}` (a pool of {data.get('pool_size', '?')} training "
+             f"questions), audited before the trials under the `{arm}` arm's recipe with the bench's overrides: "
+             f"{o['questions']} questions x G = {o['group_size']} sampled responses{greedy}, seed "
+             f"{settings.get('seed', 0)}. Details: [audit/audit.md](audit/audit.md).", ""]
+    lines += [f"> **Audit warning:** {w}" for w in data.get("warnings") or []] + ([""] if data.get("warnings") else [])
+    passk = {k: v for k, v in (o.get("pass_at_k") or {}).items() if k != "pass@1"}
+    lines += [f"| questions x G | all-wrong | mixed | all-right | sampled pass@1 [{pct} CI] | greedy pass@1 | "
+              + "".join(f"{k} | " for k in passk) + "parsed |",
+              "|" + "---|" * (7 + len(passk)),
+              f"| {o['questions']} x {o['group_size']} | {share(o['share_all_wrong'])} | {share(o['share_mixed'])} | "
+              f"{share(o['share_all_right'])} | {fmt(o['sampled_pass1'], ci_of(o.get('sampled_pass1_ci')))} | "
+              f"{fmt(o.get('greedy_pass1'))} | " + "".join(f"{fmt(v)} | " for v in passk.values())
+              + f"{share(o.get('parse_rate'))} |", ""]
+    kinds = data.get("kinds") or {}
+    if kinds:
+        lines += [f"| kind | n | pass@1 | original | diff [{pct} CI] | verdict |", "|---|---|---|---|---|---|"]
+        for name, k in kinds.items():
+            lo, hi = k["difference_ci"]
+            verdict = f"**inverted** (meant {k['intended']})" if k["verdict"] == "inverted" else k["verdict"]
+            lines.append(f"| {name} | {k['stats']['questions']} | {fmt(k['stats']['sampled_pass1'])} | "
+                         f"{fmt(k['original_pass1'])} | {k['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {verdict} |")
+        lines += ["", "diff = variant - original sampled pass@1 on the same questions (paired bootstrap); verdict: "
+                  "easier / same / harder, inverted when against the kind's intent."]
+    else:
+        lines.append("No variant kind was audited.")
+    if data.get("not_built"):
+        lines += ["", "Not built: " + "; ".join(f"{k} ({why})" for k, why in data["not_built"].items()) + "."]
+    revisits, in_bench = data.get("revisits") or {}, None
+    if revisits.get("distinct_questions"):
+        text = (f"Revisits: {revisits['visits_per_question']:.2g} per question at train.steps "
+                f"({revisits['distinct_questions']} training questions, {revisits['steps']} steps x "
+                f"{revisits['questions_per_step']} questions per step)")
+        ran = [r.steps for r in results if r.recipe == arm and r.steps]  # questions per step may differ by arm
+        if ran:
+            steps = float(np.mean(ran))
+            in_bench = {"mean_steps": steps,
+                        "visits_per_question": steps * revisits["questions_per_step"] / revisits["distinct_questions"]}
+            text += (f"; the finished `{arm}` trials ran {steps:.0f} steps on average: "
+                     f"{in_bench['visits_per_question']:.2g} visits per question")
+        lines += ["", text + "."]
+    keys = ("model", "data", "pool_size", "settings", "originals", "not_built", "durian", "revisits", "warnings",
+            "findings", "seconds")
+    raw = {"arm": arm, **{k: data.get(k) for k in keys},
+           "kinds": {n: {k: v for k, v in kind.items() if k not in PER_QUESTION_KEYS} for n, kind in kinds.items()},
+           "revisits_in_bench": in_bench}
+    return lines, raw
+
+
+def share(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+
+
+def ci_of(value: Any) -> tuple[float, float] | None:
+    return (float(value[0]), float(value[1])) if value and None not in value else None

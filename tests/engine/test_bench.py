@@ -18,6 +18,7 @@ from grpo_zoo.bench import (
     load_bench,
     override_strings,
     plan_trials,
+    run_bench,
     run_trials,
     validate_bench,
 )
@@ -210,6 +211,12 @@ def test_speedup_without_baseline(tmp_path):
     ({"overrides": {"train.seed": 3}}, "may not set 'train.seed'"),
     ({"recipes": {"grpo": {"recipe": "grpo.yaml", "overrides": {"eval.samples": 2}}}}, "set it in the common"),
     ({"recipes": {"bad/name": "grpo.yaml"}}, "names a folder"),
+    ({"audit": {"questions": 0}}, "audit: 'questions' must be >= 1"),
+    ({"audit": {"variant_questions": -1}}, "'variant_questions' >= 0"),
+    ({"audit": {"kinds": ["hint_9"]}}, "'kinds' must be null"),
+    ({"audit": {"kinds": []}}, "'kinds' must be null"),
+    ({"audit": {"recipe": "diva"}}, "'audit.recipe' 'diva' is not among the recipes"),
+    ({"audit": {"enable": False}}, "Did you mean 'enabled'"),
 ])
 def test_config_errors(tmp_path, change, message):
     data = {"recipes": {"grpo": str(RECIPES / "grpo.yaml")}, **change}
@@ -226,6 +233,178 @@ def test_shipped_bench_files_validate(path):
     assert len(cfg.seeds) >= (5 if path.stem == "testbed" else 2) and cfg.baseline == "grpo"
     if path.stem in ("testbed", "quick"):  # the seed papers' arms; testbed_more holds the other baselines
         assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo", "durian", "vade", "diva", "diva_vade"} <= set(cfg.recipes)
+
+
+# --------------------------------------------------------------------------------------
+# The starting base's audit (OUT/audit/audit.json) in the report; no real audit runs here
+# --------------------------------------------------------------------------------------
+
+
+def write_audit(out_dir, greedy=True, warnings=()):
+    """OUT/audit/audit.json as `grpo-zoo audit` writes it (AuditResult.to_dict()), from hand-made counts at G=4."""
+    from grpo_zoo.audit_report import AuditResult, compare_kind, group_stats, revisits
+
+    c = np.array([0, 0, 1, 2, 4, 4, 3, 0, 2, 4])  # 3 all wrong, 3 all right, 4 mixed
+    stats = dict(resamples=200, level=0.95, seed=0)
+    hint = compare_kind("hint_1", "hint", np.array([2, 1, 3, 4, 4, 4]), c[:6], 4, question_ids=list(range(6)), **stats)
+    noise = compare_kind("perturb_noise", "perturb", np.array([1, 2, 2, 3, 4, 4]), c[:6], 4,
+                         question_ids=list(range(6)), **stats)
+    result = AuditResult(
+        model="testbed", data="testbed", prompt_template="{problem}", system_prompt="", pool_size=200,
+        settings={"questions": 10, "variant_questions": 6, "group_size": 4, "seed": 0, "level": 0.95},
+        originals=group_stats(c, 4, greedy=np.array([0, 1] * 5) if greedy else None, parse_rate=0.9, **stats),
+        question_ids=list(range(10)), successes=c.tolist(), kinds={"hint_1": hint, "perturb_noise": noise},
+        not_built={"paraphrase": "no question has paraphrases"}, durian={}, revisits=revisits(200, 100, 16),
+        warnings=list(warnings),
+    )
+    (out_dir / "audit").mkdir(parents=True, exist_ok=True)
+    (out_dir / "audit" / "audit.json").write_text(json.dumps(result.to_dict(), indent=1))
+    return result
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    """The report without its PNGs: the audit tests check text and JSON only."""
+    monkeypatch.setattr("grpo_zoo.bench_plots.write_plots", lambda plot_dir, results, cfg: {})
+
+
+def test_report_states_the_starting_base(tmp_path, no_plots):
+    result = write_audit(tmp_path, warnings=["only 40% of the responses have a \\boxed{} answer"])
+    report = write_report(tmp_path, bench_cfg(), synthetic_bench(tmp_path))
+    text = report.read_text()
+    heading = "## Starting base (grpo-zoo audit)"
+    assert text.index("# Benchmark") < text.index(heading) < text.index("## Results") < text.index("| grpo | 3/3 |")
+    assert "Model `testbed` on `testbed` (a pool of 200 training questions)" in text
+    assert "under the `grpo` arm's recipe" in text and "10 questions x G = 4 sampled responses + 1 greedy" in text
+    o = result.originals
+    lo, hi = o.sampled_pass1_ci
+    assert (f"| 10 x 4 | 30.0% | 40.0% | 30.0% | {o.sampled_pass1:.3f} [{lo:.3f}, {hi:.3f}] | 0.500 | "
+            f"{o.pass_at_k['pass@2']:.3f} | {o.pass_at_k['pass@4']:.3f} | 90.0% |") in text
+    assert "| kind | n | pass@1 | original | diff [95% CI] | verdict |" in text
+    hint = result.kinds["hint_1"]
+    assert (f"| hint_1 | 6 | {hint.stats.sampled_pass1:.3f} | {hint.original_pass1:.3f} | {hint.difference:+.3f} "
+            f"[{hint.difference_ci[0]:+.3f}, {hint.difference_ci[1]:+.3f}] | {hint.verdict} |") in text
+    noise = result.kinds["perturb_noise"]
+    assert noise.verdict == "inverted" and "| **inverted** (meant harder) |" in text  # easier than the original
+    assert "Not built: paraphrase (no question has paraphrases)." in text
+    assert "> **Audit warning:** only 40% of the responses" in text
+    # 200 questions, 100 steps x 16: 8 visits; the synthetic trials ran 4 steps: 4 x 16 / 200 = 0.32
+    assert "Revisits: 8 per question at train.steps (200 training questions, 100 steps x 16 questions per step)" in text
+    assert "the finished `grpo` trials ran 4 steps on average: 0.32 visits per question" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())["audit"]
+    assert summary["status"] == "done" and summary["arm"] == "grpo" and summary["model"] == "testbed"
+    assert summary["originals"]["share_all_wrong"] == pytest.approx(0.3)
+    assert summary["originals"]["sampled_pass1_ci"] == pytest.approx(list(o.sampled_pass1_ci))
+    assert summary["kinds"]["hint_1"]["verdict"] == hint.verdict and "successes" not in summary["kinds"]["hint_1"]
+    assert summary["revisits"]["visits_per_question"] == 8 and summary["revisits_in_bench"]["mean_steps"] == 4
+
+
+def test_report_without_an_audit(tmp_path, no_plots):
+    trials = synthetic_bench(tmp_path)
+    write_report(tmp_path, bench_cfg(), trials, audit_command=["audit", "--config", "g.yaml", "--out", "o/audit"])
+    text = (tmp_path / "report.md").read_text()
+    assert "## Starting base (grpo-zoo audit)\n\nNot audited yet" in text
+    assert "to audit: `grpo-zoo audit --config g.yaml --out o/audit`" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())["audit"]
+    assert summary == {"status": "not_audited", "command": "grpo-zoo audit --config g.yaml --out o/audit",
+                       "returncode": None}
+    write_report(tmp_path, bench_cfg(audit={"enabled": False}), trials)
+    assert "Not audited (`audit.enabled` is false in the bench file); to audit: `grpo-zoo audit --config grpo.yaml" \
+        in (tmp_path / "report.md").read_text()
+    (tmp_path / "audit").mkdir()
+    (tmp_path / "audit" / "audit.log").write_text("Traceback ...\n")
+    (tmp_path / "audit" / "status.json").write_text(json.dumps({"status": "failed", "returncode": 2}))
+    write_report(tmp_path, bench_cfg(), trials)
+    assert "Not audited: audit failed (exit code 2), see audit/audit.log" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["audit"]["status"] == "failed"
+
+
+def audit_bench(tmp_path, **audit):
+    path = tmp_path / "bench.yaml"
+    path.write_text(json.dumps({"recipes": {"grpo": str(RECIPES / "grpo.yaml")}, "seeds": [0],
+                                "overrides": {"train.steps": 3, "eval.samples": 2}, "threads_per_trial": 1,
+                                "audit": {"questions": 16, "variant_questions": 4, **audit}}))
+    return path
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    """Records every `grpo_zoo.cli` call run_bench makes; an audit writes a synthetic audit.json unless told to fail."""
+    calls = []
+    fail = []
+
+    def run(args, env, log_path, cwd):
+        calls.append((list(args), env, log_path))
+        if args[0] == "audit":
+            if fail:
+                Path(log_path).open("a").write("grpo-zoo audit: error: boom\n")
+                return 2, 0.1
+            write_audit(Path(args[args.index("--out") + 1]).parent)
+        return 0, 0.1
+
+    monkeypatch.setattr("grpo_zoo.bench.run_trial_process", run)
+    return calls, fail
+
+
+def test_bench_audits_the_base_once_before_the_trials(tmp_path, fake_runner, no_plots, capsys):
+    from grpo_zoo.cli import build_parser
+    from grpo_zoo.config import load_config
+
+    calls, _ = fake_runner
+    path, out = audit_bench(tmp_path), tmp_path / "out"
+    result = run_bench(path, ["rollout.max_new_tokens=6"], output_dir=str(out))
+    assert result.audit == "done" and [c[0][0] for c in calls] == ["audit", "train"]  # the audit comes first
+    args, env, log = calls[0]
+    assert args[:3] == ["audit", "--config", str(RECIPES / "grpo.yaml")] and log == str(out / "audit" / "audit.log")
+    for flag, value in (("--out", str(out / "audit")), ("--questions", "16"), ("--variant-questions", "4"),
+                        ("--threads", "1")):
+        assert args[args.index(flag) + 1] == value
+    assert "--no-durian" in args and "--kinds" not in args and env["OMP_NUM_THREADS"] == "1"
+    parsed = build_parser().parse_args(args)  # the real `grpo-zoo audit` accepts it
+    assert parsed.overrides == ["train.steps=3", "eval.samples=2", "rollout.max_new_tokens=6"]
+    assert load_config(parsed.config, parsed.overrides).rollout.max_new_tokens == 6
+    status = json.loads((out / "audit" / "status.json").read_text())
+    assert status["status"] == "done" and status["command"].startswith("grpo-zoo audit --config")
+    assert "## Starting base (grpo-zoo audit)\n\nModel `testbed`" in result.report.read_text()
+    assert json.loads((out / "summary.json").read_text())["audit"]["status"] == "done"
+    capsys.readouterr()
+    again = run_bench(path, ["rollout.max_new_tokens=6"], output_dir=str(out))  # resumed: nothing reruns
+    assert again.audit == "reused" and len(calls) == 2 and "audit: reusing" in capsys.readouterr().out
+    changed = audit_bench(tmp_path, questions=32)  # another audit command: kept, with a warning and a note
+    assert run_bench(changed, ["rollout.max_new_tokens=6"], output_dir=str(out)).audit == "reused" and len(calls) == 2
+    assert "made by another audit command" in capsys.readouterr().out
+    assert "made by another audit command" in (out / "report.md").read_text()
+
+
+def test_bench_skips_the_audit_on_dry_run_report_only_and_when_off(tmp_path, fake_runner, no_plots, capsys):
+    calls, _ = fake_runner
+    path, out = audit_bench(tmp_path, kinds=["hint", "paraphrase"], durian=True), tmp_path / "out"
+    assert run_bench(path, output_dir=str(out), dry_run=True).audit == ""
+    printed = capsys.readouterr().out
+    assert "[audit] grpo-zoo audit --config" in printed and "--kinds hint,paraphrase" in printed
+    assert "--no-durian" not in printed and not calls
+    assert run_bench(path, output_dir=str(out), report_only=True).audit == "" and not calls
+    assert "Not audited yet" in (out / "report.md").read_text()
+    assert run_bench(audit_bench(tmp_path, enabled=False), output_dir=str(out)).audit == ""
+    assert [c[0][0] for c in calls] == ["train"]
+    write_audit(out)
+    capsys.readouterr()
+    run_bench(audit_bench(tmp_path), output_dir=str(out), dry_run=True)
+    assert "[audit]" not in capsys.readouterr().out  # already audited: nothing to do
+
+
+def test_a_failed_audit_does_not_stop_the_bench(tmp_path, fake_runner, no_plots, capsys):
+    calls, fail = fake_runner
+    fail.append(True)
+    path, out = audit_bench(tmp_path), tmp_path / "out"
+    result = run_bench(path, output_dir=str(out))
+    assert result.audit == "failed" and result.failed == 0 and [c[0][0] for c in calls] == ["audit", "train"]
+    assert "warning: the audit failed (exit code 2)" in capsys.readouterr().out
+    assert "boom" in (out / "audit" / "audit.log").read_text()
+    assert "audit failed (exit code 2), see audit/audit.log" in result.report.read_text()
+    fail.clear()
+    assert run_bench(path, output_dir=str(out)).audit == "done"  # the next run retries it (the trial is done)
+    assert [c[0][0] for c in calls] == ["audit", "train", "audit"]
 
 
 def test_arms_must_be_comparable(tmp_path):
@@ -264,14 +443,14 @@ def test_ray_missing_gives_install_hint(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------
 
 
-def tiny_bench(tmp_path, recipes, seeds):
+def tiny_bench(tmp_path, recipes, seeds, audit=None):
     from grpo_zoo.testbed.tiny_model import build_tiny_vlm
 
     model = build_tiny_vlm(tmp_path / "m", seed=0)
     path = tmp_path / "bench.yaml"
     path.write_text(json.dumps({"recipes": {r: str(RECIPES / f"{r}.yaml") for r in recipes}, "seeds": seeds,
                                 "target": 0.5, "bootstrap_resamples": 199, "parallel": 2, "threads_per_trial": 1,
-                                "overrides": {"eval.every": 0}}))
+                                "overrides": {"eval.every": 0}, "audit": audit or {"enabled": False}}))
     overrides = [f"model.path={model}", "testbed.train_questions=48", "testbed.eval_questions=8",
                  "rollout.group_size=4", "rollout.max_new_tokens=6", "train.steps=2", "train.questions_per_step=2",
                  "eval.num_questions=8", "eval.samples=2", "reward.num_workers=0", "output.tensorboard=false",
@@ -282,9 +461,12 @@ def tiny_bench(tmp_path, recipes, seeds):
 def test_bench_end_to_end_and_resumable(tmp_path, capsys):
     from grpo_zoo.cli import main
 
-    path, overrides = tiny_bench(tmp_path, ["grpo", "vade"], [0, 1])
+    audit = {"questions": 8, "variant_questions": 2}  # a real audit, tiny: a random model parses nothing
+    path, overrides = tiny_bench(tmp_path, ["grpo", "vade"], [0, 1], audit)
     out = tmp_path / "out"
     assert main(["bench", str(path), *overrides, "--output-dir", str(out)]) == 0
+    assert (out / "audit" / "audit.log").is_file() and (out / "audit" / "status.json").is_file()
+    audited = (out / "audit" / "status.json").stat().st_mtime_ns
     markers = sorted(out.glob("trials/*/seed-*/trial.json"))
     assert len(markers) == 4 and all(json.loads(m.read_text())["status"] == "done" for m in markers)
     assert all(len((m.parent / "metrics.jsonl").read_text().splitlines()) == 3 for m in markers)  # steps 0, 1, 2
@@ -296,6 +478,9 @@ def test_bench_end_to_end_and_resumable(tmp_path, capsys):
     assert main(["bench", str(path), *overrides, "--output-dir", str(out)]) == 0
     assert "4 done, 0 to run" in capsys.readouterr().out
     assert [m.stat().st_mtime_ns for m in markers] == stamps  # nothing reran
+    assert "## Starting base (grpo-zoo audit)" in (out / "report.md").read_text()
+    if (out / "audit" / "audit.json").is_file():  # audited once: kept, not rerun
+        assert (out / "audit" / "status.json").stat().st_mtime_ns == audited
 
 
 def test_failed_trial_is_reported_and_rerun(tmp_path, capsys):
