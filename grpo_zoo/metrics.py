@@ -11,21 +11,30 @@ import numpy as np
 import torch
 
 
-def group_diagnostics(rewards: torch.Tensor, prompt_index: torch.Tensor, reward_max: float) -> dict[str, float]:
+def group_diagnostics(rewards: torch.Tensor, prompt_index: torch.Tensor, accuracy: torch.Tensor) -> dict[str, float]:
     """ALGORITHMS.md diagnostics over local groups: effective gradient ratio and all-right/all-wrong shares.
 
-    rewards [N]; prompt_index [N] long. A group is all-correct when every reward reaches
-    reward_max, all-wrong when every reward is 0.
+    rewards, accuracy [N] (accuracy: the reward's accuracy term, 1 = correct); prompt_index [N] long.
+    The effective gradient ratio is the share of groups whose rewards are not all equal. A group is
+    all-correct when every answer is correct and all-wrong when none is, judged on accuracy: with a
+    format term in the reward, wrong answers score 0.1 and an all-wrong group would never show
+    under a reward == 0 test.
     """
     groups = torch.unique(prompt_index, return_inverse=True)[1]
     k = int(groups.max()) + 1
-    lo = torch.full((k,), math.inf).scatter_reduce(0, groups, rewards.float(), "amin")
-    hi = torch.full((k,), -math.inf).scatter_reduce(0, groups, rewards.float(), "amax")
-    tol = 1e-6 * max(reward_max, 1.0)
+
+    def extremes(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = torch.full((k,), math.inf).scatter_reduce(0, groups, values.float(), "amin")
+        hi = torch.full((k,), -math.inf).scatter_reduce(0, groups, values.float(), "amax")
+        return lo, hi
+
+    tol = 1e-6
+    lo, hi = extremes(rewards)
+    acc_lo, acc_hi = extremes(accuracy)
     return {
-        "groups/effective_gradient_ratio": float(((hi - lo) > tol).float().mean()),
-        "groups/all_correct": float((lo >= reward_max - tol).float().mean()),
-        "groups/all_wrong": float((hi <= tol).float().mean()),
+        "groups/effective_gradient_ratio": float(((hi - lo) > tol * max(float(hi.abs().max()), 1.0)).float().mean()),
+        "groups/all_correct": float((acc_lo >= 1.0 - tol).float().mean()),
+        "groups/all_wrong": float((acc_hi <= tol).float().mean()),
     }
 
 

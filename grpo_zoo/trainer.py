@@ -94,7 +94,7 @@ def training_step(run: Run, step: int) -> dict[str, float]:
     metrics = {
         **rollout_metrics,
         **correction,
-        **group_diagnostics(batch.rewards, batch.rollout.prompt_index, cfg.reward.reward_max),
+        **group_diagnostics(batch.rewards, batch.rollout.prompt_index, batch.accuracy),
         **{f"advantage/{k}": v for k, v in estimate.metrics.items()},
         **advantage_stats(estimate.advantages),
         **update_metrics,
