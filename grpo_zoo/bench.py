@@ -16,6 +16,7 @@ failed audit is logged (OUT/audit/audit.log), retried by the next run, and never
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from importlib import resources
@@ -296,6 +298,24 @@ def raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside: SIGTERM (`kill`) raises KeyboardInterrupt, so the runner stops its child processes too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def print_log_tail(log: Path, lines: int = 15) -> None:
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    print("\n".join(f"    {line}" for line in tail), flush=True)
+
+
 def warm_up_once(trial: Trial) -> None:
     """Build the cached testbed warm-up before trials start, so parallel trials do not each build it."""
     from grpo_zoo.config import load_config
@@ -325,8 +345,7 @@ def finish(trial: Trial, args: list[str], returncode: int, seconds: float, count
     }, indent=1))
     print(f"[{counter}] {status:<6} {trial.recipe} seed {trial.seed} in {seconds:.0f} s", flush=True)
     if status == "failed":
-        tail = (trial.run_dir / "train.log").read_text(errors="replace").splitlines()[-15:]
-        print("\n".join(f"    {line}" for line in tail), flush=True)
+        print_log_tail(trial.run_dir / "train.log")
 
 
 def run_trials(trials: list[Trial], parallel: int, threads: int, ray_address: str | None = None) -> int:
@@ -340,15 +359,10 @@ def run_trials(trials: list[Trial], parallel: int, threads: int, ray_address: st
     local = ray_address is None
     runner = run_locally(jobs, env, parallel) if local else run_on_ray(jobs, env, threads, ray_address)
     failed = 0
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, raise_interrupt) if main_thread else None  # `kill` stops trials too
-    try:
+    with sigterm_interrupts():
         for i, (trial, args, (rc, seconds)) in enumerate(runner, 1):
             finish(trial, args, rc, seconds, f"{i}/{len(trials)}")
             failed += rc != 0
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     return failed
 
 
@@ -467,13 +481,8 @@ def run_audit(args: list[str], out_dir: Path, threads: int) -> str:
     print(f"audit of the starting base (log: {log}): {command}", flush=True)
     with open(log, "a") as f:
         f.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} grpo-zoo bench runs: {command}\n")
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, raise_interrupt) if main_thread else None  # `kill` stops it too
-    try:
+    with sigterm_interrupts():
         ((_, _, (returncode, seconds)),) = run_locally([(None, args, str(log))], thread_env(threads), 1)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     status = "done" if (audit_dir / "audit.json").is_file() else "failed"
     (audit_dir / "status.json").write_text(json.dumps({
         "status": status, "returncode": returncode, "wall_s": round(seconds, 3), "key": audit_key(args),
@@ -483,10 +492,9 @@ def run_audit(args: list[str], out_dir: Path, threads: int) -> str:
         note = "" if returncode == 0 else f" (exit code {returncode}: see the audit's warning in the report)"
         print(f"audit: done in {seconds:.0f} s{note}", flush=True)
     else:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
         print(f"grpo-zoo bench: warning: the audit failed (exit code {returncode}); the trials run anyway and the "
               f"next run retries it; see {log}:", flush=True)
-        print("\n".join(f"    {line}" for line in tail), flush=True)
+        print_log_tail(log)
     return status
 
 

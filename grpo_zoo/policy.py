@@ -468,16 +468,14 @@ def response_mask_from_eos(response: torch.Tensor, eos_ids: Sequence[int]) -> to
     return (~after_eos).long()
 
 
-@torch.no_grad()
-def vision_patch_features(policy: Policy, images: Sequence[Image.Image]) -> list[torch.Tensor]:
-    """The vision tower's output features per image, [P_i, d] each (float32, on CPU).
+def image_features(policy: Policy, images: Sequence[Image.Image]) -> list[torch.Tensor]:
+    """The vision tower's output per image, [P_i, d] each, in the model's dtype and device, with grad.
 
     These are the visual tokens the language model receives (after Qwen's 2 x 2 patch merger),
-    the patch features Durian's perceptual entropy H(image) is computed from (ALGORITHMS.md,
-    "Durian"). Images are resized by the policy's processor exactly as in `encode`.
+    in the merger's row-major order. Images are resized by the policy's processor exactly as in `encode`.
     """
     if not policy.is_vlm:
-        raise ValueError("vision_patch_features: the policy is text-only (no image processor)")
+        raise ValueError("image_features: the policy is text-only (no image processor)")
     if not images:
         return []
     out = policy.processor.image_processor(images=list(images), return_tensors="pt")
@@ -485,8 +483,16 @@ def vision_patch_features(policy: Policy, images: Sequence[Image.Image]) -> list
     dtype = next(model.parameters()).dtype
     pixels, grids = out["pixel_values"].to(policy.device, dtype), out["image_grid_thw"].to(policy.device)
     features = model.get_image_features(pixel_values=pixels, image_grid_thw=grids)
-    per_image = getattr(features, "pooler_output", features)
-    return [f.float().cpu() for f in per_image]
+    return list(getattr(features, "pooler_output", features))
+
+
+@torch.no_grad()
+def vision_patch_features(policy: Policy, images: Sequence[Image.Image]) -> list[torch.Tensor]:
+    """`image_features` without grad, float32 on CPU: the patch features Durian's perceptual entropy
+    H(image) is computed from (ALGORITHMS.md, "Durian")."""
+    if not policy.is_vlm:
+        raise ValueError("vision_patch_features: the policy is text-only (no image processor)")
+    return [f.float().cpu() for f in image_features(policy, images)]
 
 
 def _prompt_extras(rollout: RolloutBatch) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:

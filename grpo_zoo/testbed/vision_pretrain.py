@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from grpo_zoo.policy import image_features
 from grpo_zoo.testbed import task
 
 CHANNELS: tuple[str, ...] = ("", *task.COLOURS, *task.PLURAL.values())  # "" = every shape
@@ -40,13 +41,7 @@ def cell_targets(scene: task.SceneSpec, grid: int) -> torch.Tensor:
 
 def image_tokens(policy, images: list) -> torch.Tensor:
     """[B, tokens, d] vision-tower outputs (with grad) for same-size images."""
-    out = policy.processor.image_processor(images=images, return_tensors="pt")
-    model = policy._base_model()
-    features = model.get_image_features(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
-    features = getattr(features, "pooler_output", features)
-    if isinstance(features, (list, tuple)):
-        return torch.stack(list(features))
-    return features.view(len(images), -1, features.shape[-1])
+    return torch.stack(image_features(policy, images))
 
 
 def count_accuracy(policy, head: torch.nn.Module, scenes: list[task.SceneSpec], images: list) -> float:
