@@ -27,7 +27,7 @@ from grpo_zoo.evaluation import evaluate
 from grpo_zoo.metrics import group_diagnostics, masked_mean
 from grpo_zoo.rollout_ops import ScoredBatch, collect_batch
 from grpo_zoo.run import Run, build_run
-from grpo_zoo.types import AdvantageInputs, LossInputs
+from grpo_zoo.types import AdvantageInputs, LossInputs, RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +134,28 @@ def old_logprobs(run: Run, batch: ScoredBatch) -> torch.Tensor | None:
 
 def batched_logprobs(policy: Any, batch: ScoredBatch, micro: int) -> torch.Tensor:
     n = batch.rollout.num_responses
-    rows = torch.arange(n)
+    rows = by_length(batch.rollout, torch.arange(n)) if micro and micro < n else torch.arange(n)
     with torch.no_grad():
         chunks = [policy.logprobs(batch.rollout, r)[0] for r in rows.split(micro or n)]
-    return torch.cat(chunks)  # [N, T]
+    logp = torch.empty_like(torch.cat(chunks))
+    logp[rows] = torch.cat(chunks)  # back in row order
+    return logp  # [N, T]
+
+
+def by_length(rollout: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
+    """`rows` ordered by prompt + response length, so each micro-batch pads only to its own longest.
+
+    A forward pads every row to the micro-batch's longest sequence. DIVA's hinted variants have
+    prompts ~1.9x as long as the originals; mixed into every micro-batch, they set the length of
+    all of them. Grouping by length costs nothing (the gradient is a sum over micro-batches) and
+    the order is a stable sort, so a run stays deterministic and resumable.
+    """
+    lengths = rollout.response_mask[rows].sum(-1).long()
+    prompt_ids = rollout.extras.get("prompt_token_ids")
+    if prompt_ids is not None:
+        prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids], dtype=torch.long)
+        lengths = lengths + prompt_lengths[rollout.prompt_index[rows]]
+    return rows[torch.argsort(lengths, stable=True)]
 
 
 def rollout_correction_metrics(run: Run, batch: ScoredBatch, old_logp: torch.Tensor | None) -> dict[str, float]:
@@ -236,6 +254,8 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
     for _ in range(tr.epochs_per_step):
         order = torch.randperm(n, generator=shuffle) if mini < n else torch.arange(n)
         for mini_rows in order.split(mini):
+            if micro < len(mini_rows):
+                mini_rows = by_length(rollout, mini_rows)
             backend.zero_grad()
             # This process's micro-batches (all of them, or its rank's share) with their loss weights.
             for rows, weight in backend.micro_batches(mini_rows, micro):

@@ -155,12 +155,14 @@ class DeepSpeedBackend:
     def micro_batches(self, mini_rows: torch.Tensor, micro: int) -> list[tuple[torch.Tensor, float]]:
         """This rank's micro-batches of a mini-batch and their loss weights.
 
-        Rank r takes the r-th of W contiguous shares. Every rank returns the same number of
-        micro-batches (stage 3 gathers parameters collectively in each forward), padding
-        with (one row, weight 0) where its share ran out.
+        Rank r takes every W-th row from the r-th, so when the trainer has ordered the rows by
+        length, each rank's share spans all lengths (equal work) and its micro-batches stay
+        grouped by length. Every rank returns the same number of micro-batches (stage 3
+        gathers parameters collectively in each forward), padding with (one row, weight 0)
+        where its share ran out.
         """
         world = self.dist.world_size
-        local = mini_rows.tensor_split(world)[self.dist.rank]
+        local = mini_rows[self.dist.rank :: world]
         count = math.ceil(math.ceil(len(mini_rows) / world) / micro)  # the largest share's micro-batches
         chunks = [(rows, world * len(rows) / len(mini_rows)) for rows in local.split(micro)]
         chunks += [(mini_rows[:1], 0.0)] * (count - len(chunks))
