@@ -38,6 +38,27 @@ def group_diagnostics(rewards: torch.Tensor, prompt_index: torch.Tensor, accurac
     }
 
 
+def group_diagnostics_by_variant(rewards: torch.Tensor, prompt_index: torch.Tensor, accuracy: torch.Tensor,
+                                 variants: list[str]) -> dict[str, float]:
+    """group_diagnostics per prompt kind (variants[p] names prompt p's kind), when a batch mixes kinds.
+
+    Keys groups/<kind>/{effective_gradient_ratio,all_correct,all_wrong}: which kinds of prompt
+    (originals, hinted or perturbed variants, ...) carry the gradient signal. {} for one kind.
+    """
+    kinds = sorted(set(variants))
+    if len(kinds) < 2:
+        return {}
+    row_kind = [variants[int(p)] for p in prompt_index]
+    out = {}
+    for kind in kinds:
+        rows = torch.tensor([k == kind for k in row_kind])
+        if not bool(rows.any()):
+            continue
+        for key, value in group_diagnostics(rewards[rows], prompt_index[rows], accuracy[rows]).items():
+            out[key.replace("groups/", f"groups/{kind}/")] = value
+    return out
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
 

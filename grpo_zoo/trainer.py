@@ -24,7 +24,7 @@ from grpo_zoo.checkpoint import latest_checkpoint, load_trainer_state, save_chec
 from grpo_zoo.config import Config
 from grpo_zoo.configuration import ConfigError, to_dict
 from grpo_zoo.evaluation import evaluate
-from grpo_zoo.metrics import group_diagnostics, masked_mean
+from grpo_zoo.metrics import group_diagnostics, group_diagnostics_by_variant, masked_mean
 from grpo_zoo.rollout_ops import ScoredBatch, collect_batch
 from grpo_zoo.run import Run, build_run
 from grpo_zoo.types import AdvantageInputs, LossInputs, RolloutBatch
@@ -95,6 +95,9 @@ def training_step(run: Run, step: int) -> dict[str, float]:
         **rollout_metrics,
         **correction,
         **group_diagnostics(batch.rewards, batch.rollout.prompt_index, batch.accuracy),
+        **group_diagnostics_by_variant(
+            batch.rewards, batch.rollout.prompt_index, batch.accuracy, [p.variant for p in batch.rollout.prompts]
+        ),
         **{f"advantage/{k}": v for k, v in estimate.metrics.items()},
         **advantage_stats(estimate.advantages),
         **update_metrics,
