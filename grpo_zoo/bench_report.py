@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_zoo.bench_signal import kind_means, signal_by_kind, signal_lines
+
 if TYPE_CHECKING:
     from grpo_zoo.bench import BenchConfig, Trial
 
@@ -58,6 +60,7 @@ class TrialResult:
     responses_per_step: float = math.nan  # generated responses (dynamic sampling counts its refills)
     tokens_per_s: float = math.nan  # generated tokens (responses x mean kept length) per training second
     histograms: dict[str, list[tuple[int, list[float]]]] = field(default_factory=dict)
+    by_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # bench_signal.kind_means: per prompt kind
 
     def to_target(self, target: float) -> tuple[int, float, float] | None:
         """(step, CPU s, wall s) of the first eval reaching target; None when never reached."""
@@ -107,6 +110,7 @@ def load_trial(run_dir: Path, recipe: str, seed: int, metric: str = "eval/pass@1
     out.all_wrong = mean_of(rows, "groups/all_wrong")
     out.responses_per_step = float(np.mean(generated)) if generated else math.nan
     out.tokens_per_s = tokens / wall if wall > 0 else math.nan
+    out.by_kind = kind_means(rows)
     by_step: dict[int, dict[str, Any]] = {}
     for record in read_jsonl(run_dir / "histograms.jsonl"):  # a resumed run may repeat steps: last wins
         by_step[int(record.pop("step"))] = record
@@ -384,6 +388,7 @@ def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: li
         "audit": plain(base_summary),
         "recipes": [plain(asdict(s)) for s in summaries],
         "speedup_vs_baseline": plain(asdict(speed)),
+        "signal_by_kind": [plain(asdict(k)) for k in signal_by_kind([(r.recipe, r.by_kind) for r in results])],
         "trials": [{"recipe": t.recipe, "seed": t.seed, "status": status[(t.recipe, t.seed)],
                     "run_dir": str(t.run_dir)} for t in trials],
     }, indent=1))
@@ -425,6 +430,7 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
             f"| {fmt(s.effective_gradient_ratio)} | {fmt(s.all_correct)} | {fmt(s.all_wrong)} "
             f"| {fmt(s.responses_per_step, digits=1)} | {fmt(s.tokens_per_s, digits=0)} |")
     lines += speedup_lines(cfg, speed if speed is not None else speedups(results, cfg))
+    lines += signal_lines(signal_by_kind([(r.recipe, r.by_kind) for r in results]), fmt)
     lines += ["", "## Plots", ""]
     lines += [f"![{title}](plots/{name})" for title, name in plots.items()] or ["(no finished trials to plot)"]
     lines += ["", "## Trials", "",
