@@ -393,7 +393,8 @@ def loop(run: Run, start_step: int) -> TrainResult:
         done = step + 1
         train_cpu += time.process_time() - step_cpu
         metrics["time/cpu_s"] = train_cpu
-        is_last = done == cfg.train.steps
+        out_of_budget = bool(cfg.train.max_cpu_seconds) and train_cpu >= cfg.train.max_cpu_seconds
+        is_last = done == cfg.train.steps or out_of_budget  # the last step gets its eval and checkpoint
         if run.eval_pool and ((cfg.eval.every and done % cfg.eval.every == 0) or is_last):
             eval_metrics = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)
             metrics.update(eval_metrics)
@@ -410,6 +411,9 @@ def loop(run: Run, start_step: int) -> TrainResult:
         if (cfg.output.checkpoint_every and done % cfg.output.checkpoint_every == 0) or is_last:
             result.checkpoint = save(run, result, done)
         result.steps = done
+        if out_of_budget:
+            print(f"grpo-zoo: CPU budget of {cfg.train.max_cpu_seconds:.0f} s reached after {done} steps")
+            break
     progress.close()
     if not result.last_eval and run.eval_pool:
         result.last_eval = evaluate(run.policy, run.eval_pool, run.rewards, run.eval_settings)

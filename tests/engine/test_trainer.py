@@ -152,3 +152,15 @@ def test_cpu_budget_counts_training_steps_not_evals(tiny_model, tmp_path, monkey
     cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run2", "train.steps=3", "eval.every=1",
                                            f"train.max_cpu_seconds={rows[0]['time/cpu_s'] / 2}"))
     assert train(cfg, recipe="budget").steps == 1
+
+
+def test_the_step_that_spends_the_cpu_budget_is_evaluated_and_checkpointed(tiny_model, tmp_path):
+    """A budget that ends a run between eval points still measures where it ended: every arm's
+    final metric is read at its last step, not up to eval.every - 1 steps earlier."""
+    cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run", "train.steps=10", "eval.every=5",
+                                           "output.checkpoint_every=5", "train.max_cpu_seconds=0.01"))
+    result = train(cfg, recipe="budget")
+    assert result.steps == 1
+    last = [r for r in records(result.run_dir) if r["step"] == 1]
+    assert len(last) == 1 and "eval/pass@1" in last[0] and "time/cpu_s" in last[0]
+    assert (result.run_dir / "checkpoints" / "step-000001").is_dir()
