@@ -79,7 +79,7 @@ def check_config(cfg: Config, environment: bool = True) -> None:
             f"rollout.group_size = {cfg.rollout.group_size}, but estimator '{cfg.algorithm.estimator.name}' compares "
             f"responses within a group and needs at least {needs_groups}; set rollout.group_size >= {needs_groups}"
         )
-    if tr.mini_batch_size and tr.micro_batch_size and tr.mini_batch_size % tr.micro_batch_size:
+    if tr.mini_batch_size and 0 < tr.micro_batch_size < tr.mini_batch_size and tr.mini_batch_size % tr.micro_batch_size:
         raise ConfigError(
             f"train.mini_batch_size = {tr.mini_batch_size} is not divisible by train.micro_batch_size = "
             f"{tr.micro_batch_size}; choose a micro batch that divides the mini batch"
@@ -152,7 +152,9 @@ def _check_batches(cfg: Config) -> None:
             f"{tr.mini_batch_size}; set train.mini_batch_size to a divisor of {n} (e.g. {divisors[-1]}) or 0 "
             "(the whole batch), or change the batch"
         )
-    if tr.micro_batch_size > 0 and not tr.mini_batch_size and n % tr.micro_batch_size:
+    # A micro batch at least as large as the batch is the whole batch (a recipe's default of 32 stays
+    # valid when a smaller batch is asked for on the command line).
+    if 0 < tr.micro_batch_size < n and not tr.mini_batch_size and n % tr.micro_batch_size:
         raise ConfigError(
             f"a step's batch of {n} responses ({parts}) is not divisible by train.micro_batch_size = "
             f"{tr.micro_batch_size}; set train.micro_batch_size to a divisor of {n}"

@@ -99,3 +99,17 @@ def test_validate_catches_cross_field_errors(tmp_path, capsys):
     recipe.write_text("rollout:\n  group_size: 1\n")
     assert main(["validate", str(recipe)]) == 1
     assert "rollout.group_size >= 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra", [[], ["train.mini_batch_size=8"]])
+def test_a_micro_batch_larger_than_the_batch_is_the_whole_batch(h, tmp_path, tiny_model, extra):
+    """The testbed recipes train 32 responses per micro-batch; asking for a batch of 16 (or a mini
+    batch of 8) on the command line must not trip the divisibility check."""
+    from pathlib import Path
+
+    from grpo_zoo.run import check_config
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "testbed" / "diva.yaml"
+    cfg = load_config(recipe, h.tiny_overrides(tiny_model, tmp_path / "run", *extra))
+    assert cfg.train.micro_batch_size == 32
+    check_config(cfg, environment=False)
