@@ -48,10 +48,10 @@ def group_diagnostics_by_variant(rewards: torch.Tensor, prompt_index: torch.Tens
     kinds = sorted(set(variants))
     if len(kinds) < 2:
         return {}
-    row_kind = [variants[int(p)] for p in prompt_index]
+    row_kind = torch.tensor([kinds.index(v) for v in variants])[prompt_index]  # [N] index into kinds
     out = {}
-    for kind in kinds:
-        rows = torch.tensor([k == kind for k in row_kind])
+    for i, kind in enumerate(kinds):
+        rows = row_kind == i
         if not bool(rows.any()):
             continue
         for key, value in group_diagnostics(rewards[rows], prompt_index[rows], accuracy[rows]).items():

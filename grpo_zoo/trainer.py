@@ -140,8 +140,9 @@ def batched_logprobs(policy: Any, batch: ScoredBatch, micro: int) -> torch.Tenso
     rows = by_length(batch.rollout, torch.arange(n)) if micro and micro < n else torch.arange(n)
     with torch.no_grad():
         chunks = [policy.logprobs(batch.rollout, r)[0] for r in rows.split(micro or n)]
-    logp = torch.empty_like(torch.cat(chunks))
-    logp[rows] = torch.cat(chunks)  # back in row order
+    ordered = torch.cat(chunks)
+    logp = torch.empty_like(ordered)
+    logp[rows] = ordered  # back in row order
     return logp  # [N, T]
 
 
