@@ -23,6 +23,7 @@ from grpo_zoo.bench import (
     validate_bench,
 )
 from grpo_zoo.bench_report import (
+    TrialResult,
     bootstrap_ci,
     bootstrap_ratio_ci,
     compare,
@@ -118,11 +119,32 @@ def test_report_and_plots(tmp_path):
     report = write_report(tmp_path, bench_cfg(seeds=[0, 1, 2, 3]), trials)
     text = report.read_text()
     assert "| grpo | 3/4 | 0.700 [" in text and "1 of 3" in text and "not reached" in text and "| new |" in text
-    pngs = ("accuracy_vs_step.png", "effective_gradient_ratio.png", "diva_difficulty.png", "vade_posterior_mean.png")
+    pngs = ("final_accuracy.png", "accuracy_vs_step.png", "effective_gradient_ratio.png", "diva_difficulty.png",
+            "vade_posterior_mean.png")
     for png in pngs:
         assert (tmp_path / "plots" / png).stat().st_size > 1000 and f"(plots/{png})" in text
     summary = (tmp_path / "summary.json").read_text()
     assert "NaN" not in summary and json.loads(summary)["recipes"][1]["reached"] == 3
+
+
+def test_accuracy_curve_joins_only_the_evals_every_seed_ran():
+    """Budget-ended seeds stop at different steps: the mean line must not jump as seeds drop out."""
+    from matplotlib.figure import Figure
+
+    from grpo_zoo.bench_plots import draw_curve
+
+    a = TrialResult("grpo", 0, eval_steps=[0, 20, 40, 45], eval_values=[0.5, 0.6, 0.7, 0.9],
+                    eval_cpu=[0.0, 10.0, 20.0, 22.0])
+    b = TrialResult("grpo", 1, eval_steps=[0, 20, 40, 50], eval_values=[0.5, 0.5, 0.6, 0.6],
+                    eval_cpu=[0.0, 11.0, 21.0, 24.0])
+    for on_cpu, shared_x, end_x in ((False, [0, 20, 40], 47.5), (True, [0.0, 10.5, 20.5], 23.0)):
+        ax = Figure().subplots()
+        draw_curve(ax, [a, b], on_cpu, "C0", "grpo", 0.95)
+        solid, dashed, marker = ax.lines[:3]
+        assert list(solid.get_xdata()) == pytest.approx(shared_x)
+        assert list(solid.get_ydata()) == pytest.approx([0.5, 0.55, 0.65])
+        assert list(dashed.get_xdata()) == pytest.approx([shared_x[-1], end_x])
+        assert list(marker.get_ydata()) == pytest.approx([0.75])  # the mean of the seeds' last evals
 
 
 SPEEDUP_ARMS = {  # recipe -> (CPU s per step, held-out curve per seed at steps 0, 10, ..., 50)
