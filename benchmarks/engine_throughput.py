@@ -3,7 +3,10 @@
 Arms, all on the same tiny random model (same weights, loaded from one directory), the same B
 prompts x G responses and exactly max_new_tokens generated tokens per response:
   grpo_zoo  grpo_zoo.trainer.training_step on a Run built from a recipe (GRPO estimator, uniform
-            selector, ppo_clip loss, one on-policy update, no KL, rewards scored in-process).
+            selector, ppo_clip loss, one on-policy update, no KL, rewards scored in-process),
+            with prefix sharing (each prompt run once, its G responses on its cached keys/values).
+  grpo_zoo_no_sharing  the same with model.prefix_sharing=false: HF generate and one full
+            prompt + response forward per row, as the limit does.
   limit     the bare-model limit: one batched model.generate of B*G sequences, then one
             forward + backward + AdamW step on that batch (a REINFORCE-style loss with fixed
             advantages); no trainer, no rewards, no grad clipping.
@@ -142,7 +145,8 @@ def sampling_config(setup: Setup, policy, *, suppress_eos: bool = True, cache: s
 # --------------------------------------------------------------------------------------
 
 
-def grpo_zoo_arm(setup: Setup, model_dir: Path, data: str, workdir: Path) -> Callable[[], dict]:
+def grpo_zoo_arm(setup: Setup, model_dir: Path, data: str, workdir: Path,
+                 prefix_sharing: bool = True) -> Callable[[], dict]:
     """One grpo_zoo.trainer.training_step per call, on a Run built from a recipe."""
     from grpo_zoo.config import load_config
     from grpo_zoo.run import build_run
@@ -155,11 +159,13 @@ def grpo_zoo_arm(setup: Setup, model_dir: Path, data: str, workdir: Path) -> Cal
         f"rollout.max_new_tokens={setup.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
         f"train.lr={setup.lr}", "train.kl_coef=0", f"train.seed={setup.seed}", "train.steps=1000000",
         "testbed.train_questions=64", "testbed.eval_questions=8", "eval.num_questions=8", "eval.at_start=false",
-        "reward.num_workers=0", "output.tensorboard=false", "output.progress=false", f"output.dir={workdir / 'run'}",
+        "reward.num_workers=0", "output.tensorboard=false", "output.progress=false",
+        f"model.prefix_sharing={str(prefix_sharing).lower()}",
     ]
-    cfg = load_config(None, overrides)
-    (workdir / "run").mkdir(exist_ok=True)
-    run = build_run(cfg, workdir / "run")
+    run_dir = workdir / ("run" if prefix_sharing else "run-no-sharing")
+    cfg = load_config(None, [*overrides, f"output.dir={run_dir}"])
+    run_dir.mkdir(exist_ok=True)
+    run = build_run(cfg, run_dir)
     run.policy.suppressed_token_ids = suppressed_ids(run.policy)  # the EOS-suppressed setting (see docstring)
     step = 0
 
@@ -489,8 +495,11 @@ def markdown(rows: list[dict], base: str) -> str:
 
 def main_arms(setup: Setup, args: argparse.Namespace, workdir: Path, model_dir: Path, data: str):
     """grpo_zoo, limit and (when its venv exists and the model is text) TRL, interleaved."""
-    arms: dict[str, Callable[[], dict]] = {"grpo_zoo": grpo_zoo_arm(setup, model_dir, data, workdir),
-                                           "limit": limit_arm(setup, model_dir, data)}
+    arms: dict[str, Callable[[], dict]] = {
+        "grpo_zoo": grpo_zoo_arm(setup, model_dir, data, workdir),
+        "grpo_zoo_no_sharing": grpo_zoo_arm(setup, model_dir, data, workdir, prefix_sharing=False),
+        "limit": limit_arm(setup, model_dir, data),
+    }
     trl, skipped = None, None
     if args.skip_trl:
         skipped = "--skip-trl"
@@ -511,7 +520,12 @@ def main_arms(setup: Setup, args: argparse.Namespace, workdir: Path, model_dir: 
             trl.close()
     rows = summarise(results, "limit")
     by_arm = {r["arm"]: r for r in rows}
-    verdict = {"grpo_zoo_within_1_05_of_limit": by_arm["grpo_zoo"]["ratio_to_limit"] <= TARGET_RATIO}
+    verdict = {
+        "grpo_zoo_within_1_05_of_limit": by_arm["grpo_zoo"]["ratio_to_limit"] <= TARGET_RATIO,
+        "no_sharing_within_1_05_of_limit": by_arm["grpo_zoo_no_sharing"]["ratio_to_limit"] <= TARGET_RATIO,
+        "prefix_sharing_speedup": round(by_arm["grpo_zoo_no_sharing"]["median_step_s"]
+                                        / by_arm["grpo_zoo"]["median_step_s"], 3),
+    }
     if "trl" in by_arm:
         verdict["grpo_zoo_faster_than_trl"] = by_arm["grpo_zoo"]["median_step_s"] < by_arm["trl"]["median_step_s"]
         verdict["trl_over_grpo_zoo"] = round(by_arm["trl"]["median_step_s"] / by_arm["grpo_zoo"]["median_step_s"], 3)

@@ -36,6 +36,10 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     gradient_checkpointing: bool = False  # trades compute for memory on long responses
     freeze_vision_tower: bool = False  # train only the language model (EasyR1/verl's option of the same name)
+    # Run each distinct prompt through the model once and its G responses on its cached keys/values,
+    # in sampling and in every log-prob pass (grpo_zoo/shared_prompts.py): the same numbers, the
+    # prompt's compute paid once instead of G times. false = HF generate and a full forward per row.
+    prefix_sharing: bool = True
 
 
 @dataclass

@@ -28,6 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import grpo_zoo.hf_compat  # noqa: F401  (registers the torchvision-free Qwen-VL processors)
 from grpo_zoo.hf_compat import load_processor
+from grpo_zoo.shared_prompts import response_logits, sample
 from grpo_zoo.types import Prompt, RolloutBatch
 
 IMAGE_TAG = "<image>"
@@ -99,8 +100,10 @@ def collate_prompts(token_ids: Sequence[torch.Tensor], model_inputs: Sequence[di
 class Policy:
     """A Hugging Face model + its processor (or tokenizer) behind the engine's rollout/log-prob API."""
 
-    def __init__(self, model: torch.nn.Module, processor: Any, *, device: torch.device | str = "cpu"):
+    def __init__(self, model: torch.nn.Module, processor: Any, *, device: torch.device | str = "cpu",
+                 prefix_sharing: bool = True):
         self.model = model
+        self.prefix_sharing = prefix_sharing  # each distinct prompt through the model once (shared_prompts.py)
         self.processor = processor
         self.device = torch.device(device)
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -132,6 +135,7 @@ class Policy:
         gradient_checkpointing: bool = False,
         freeze_vision_tower: bool = False,
         attn_implementation: str | None = None,
+        prefix_sharing: bool = True,
     ) -> Policy:
         """Load a local model directory (never downloads).
 
@@ -143,6 +147,8 @@ class Policy:
             gradient_checkpointing: recompute activations in backward (long responses, big models).
             freeze_vision_tower: train only the language side (see `freeze_vision`).
             attn_implementation: passed to transformers ("sdpa", "eager", ...); None = its default.
+            prefix_sharing: run each distinct prompt once and its responses on its cached keys/values
+                (grpo_zoo/shared_prompts.py); False = HF generate and one full forward per row.
         """
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
         from transformers.utils import logging as hf_logging
@@ -170,7 +176,7 @@ class Policy:
             model.config.use_cache = False
         if lora is not None and getattr(lora, "enabled", False):
             model = _add_lora(model, lora)
-        policy = cls(model, processor, device=device)
+        policy = cls(model, processor, device=device, prefix_sharing=prefix_sharing)
         if freeze_vision_tower:
             policy.freeze_vision()
         return policy
@@ -285,9 +291,11 @@ class Policy:
     @torch.no_grad()
     def generate(self, encoded: EncodedPrompts, *, group_size: int, temperature: float, top_p: float,
                  max_new_tokens: int, greedy: bool = False) -> RolloutBatch:
-        """Sample `group_size` responses per prompt with HF generate (torch's global RNG).
+        """Sample `group_size` responses per prompt (torch's global RNG).
 
-        Rows are prompt-major (rows b*G .. b*G+G-1 answer prompt b). Sampling is plain
+        With `prefix_sharing` each prompt is run once and its G rows decode on copies of its cache
+        (`shared_prompts.sample`); otherwise HF generate runs every row's prompt. Rows are
+        prompt-major (rows b*G .. b*G+G-1 answer prompt b). Sampling is plain
         softmax(logits / temperature) with nucleus `top_p`; the model's own generation_config
         (top_k, repetition penalty, ...) is overridden so old log-probs match the sampler.
         Vision special tokens and ids the tokenizer does not know are never sampled. A row
@@ -297,8 +305,6 @@ class Policy:
             RolloutBatch with response_ids [N, T] (right-padded with pad), response_mask [N, T]
             float, T = the longest response, and extras "prompt_token_ids" / "prompt_model_inputs".
         """
-        from transformers import GenerationConfig
-
         if group_size < 1 or max_new_tokens < 1:
             raise ValueError(f"rollout.group_size and rollout.max_new_tokens must be >= 1, got "
                              f"{group_size} and {max_new_tokens}")
@@ -306,22 +312,13 @@ class Policy:
             raise ValueError(f"rollout.temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}")
         b = len(encoded)
         prompt_index = torch.arange(b).repeat_interleave(group_size)  # [N]
-        batch = self._batch(encoded.token_ids, encoded.model_inputs, prompt_index.tolist())
-        # Every knob that reshapes the distribution is pinned (a checkpoint's own defaults, e.g.
-        # Qwen's top_k=1 and repetition_penalty=1.05, would otherwise fill the unset ones).
-        shaping: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "num_beams": 1}
-        if not greedy:
-            shaping.update(temperature=float(temperature), top_p=float(top_p), top_k=0, min_p=0.0, typical_p=1.0)
-        gen_config = GenerationConfig(
-            do_sample=not greedy,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            suppress_tokens=self.suppressed_token_ids or None,
-            **shaping,
-        )
-        sequences = self.model.generate(**batch, generation_config=gen_config)
-        response = sequences[:, batch["input_ids"].shape[1]:].cpu()  # [N, T']
+        if self.prefix_sharing:
+            batch = self._batch(encoded.token_ids, encoded.model_inputs, list(range(b)))
+            response = sample(self, batch, prompt_index.to(self.device), max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_p=top_p, greedy=greedy).cpu()
+        else:
+            response = self._hf_generate(encoded, prompt_index, temperature=temperature, top_p=top_p,
+                                         max_new_tokens=max_new_tokens, greedy=greedy)
         mask = response_mask_from_eos(response, self.eos_token_ids)  # [N, T']
         width = max(int(mask.sum(-1).max()), 1)
         response, mask = response[:, :width], mask[:, :width]
@@ -342,6 +339,28 @@ class Policy:
             },
         )
 
+    def _hf_generate(self, encoded: EncodedPrompts, prompt_index: torch.Tensor, *, temperature: float, top_p: float,
+                     max_new_tokens: int, greedy: bool) -> torch.Tensor:
+        """Response ids [N, T'] from HF generate over every row's prompt (the path without prefix sharing)."""
+        from transformers import GenerationConfig
+
+        batch = self._batch(encoded.token_ids, encoded.model_inputs, prompt_index.tolist())
+        # Every knob that reshapes the distribution is pinned (a checkpoint's own defaults, e.g.
+        # Qwen's top_k=1 and repetition_penalty=1.05, would otherwise fill the unset ones).
+        shaping: dict[str, Any] = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "num_beams": 1}
+        if not greedy:
+            shaping.update(temperature=float(temperature), top_p=float(top_p), top_k=0, min_p=0.0, typical_p=1.0)
+        gen_config = GenerationConfig(
+            do_sample=not greedy,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            suppress_tokens=self.suppressed_token_ids or None,
+            **shaping,
+        )
+        sequences = self.model.generate(**batch, generation_config=gen_config)
+        return sequences[:, batch["input_ids"].shape[1]:].cpu()  # [N, T']
+
     # ---------------------------------------------------------------- log-probs
 
     def logprobs(self, rollout: RolloutBatch, rows: torch.Tensor, *, with_entropy: bool = False,
@@ -356,9 +375,11 @@ class Policy:
             temperature: log-probs of softmax(logits / temperature); 1.0 = the raw model.
         Returns:
             logp [n, T] and entropy [n, T] (or None), T = rollout.response_ids.shape[1], zero
-            where response_mask is 0. The prompt+response forward uses only the padding these
-            rows need, and for Qwen-VL the model derives its 3D (mrope) positions from the ids,
-            image grids and attention mask, as generate did.
+            where response_mask is 0. The forward uses only the padding these rows need. When
+            rows share prompts (and `prefix_sharing` is on) each prompt runs once and its rows
+            continue from its cache (`shared_prompts.response_logits`); otherwise each row runs
+            prompt + response, and for Qwen-VL the model derives its 3D (mrope) positions from
+            the ids, image grids and attention mask, as generate did.
         """
         rows = rows.nonzero().flatten() if rows.dtype == torch.bool else rows.long()
         full_t = rollout.response_ids.shape[1]
@@ -368,14 +389,20 @@ class Policy:
             return empty, (empty.clone() if with_entropy else None)
         token_ids, model_inputs = _prompt_extras(rollout)
         p_idx = rollout.prompt_index[rows].tolist()
-        batch = self._batch(token_ids, model_inputs, p_idx)
         mask = rollout.response_mask[rows]  # [n, T]
         width = max(int(mask.sum(-1).max()), 1)  # only as many columns as these rows use
         mask = mask[:, :width].long()
         response = rollout.response_ids[rows][:, :width].masked_fill(mask == 0, self.pad_token_id)
-        inputs = self._forward_inputs(batch, response, mask)
-        logits = self.model(**inputs, use_cache=False, logits_to_keep=width + 1).logits  # [n, width + 1, V]
-        logits = logits[:, :-1].float() / temperature  # position j predicts response token j
+        distinct = list(dict.fromkeys(p_idx))
+        if self._shares_prompts(len(distinct), n):
+            where = {p: i for i, p in enumerate(distinct)}
+            prompt_of_row = torch.tensor([where[p] for p in p_idx], device=self.device)
+            logits = response_logits(self, self._batch(token_ids, model_inputs, distinct), prompt_of_row,
+                                     response.to(self.device), mask.to(self.device))  # [n, width, V]
+        else:
+            inputs = self._forward_inputs(self._batch(token_ids, model_inputs, p_idx), response, mask)
+            logits = self.model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+        logits = logits.float() / temperature  # position j predicts response token j
         logp_all = torch.log_softmax(logits, dim=-1)  # [n, width, V]
         logp = logp_all.gather(-1, response.to(logits.device).unsqueeze(-1)).squeeze(-1)  # [n, width]
         keep = mask.to(logp.device, logp.dtype)
@@ -385,6 +412,14 @@ class Policy:
             entropy = -(logp_all.exp() * logp_all).sum(-1)  # [n, width]
             entropy = F.pad(entropy * keep, (0, full_t - width))
         return logp, entropy
+
+    def _shares_prompts(self, distinct: int, rows: int) -> bool:
+        """Prefix sharing pays when some prompt has several rows; gradient checkpointing turns the cache off."""
+        base = self._base_model()
+        flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else \
+            "is_gradient_checkpointing"  # the name before transformers 5.x
+        checkpointing = getattr(base, flag, False) and torch.is_grad_enabled()
+        return self.prefix_sharing and distinct < rows and not checkpointing
 
     def _forward_inputs(self, batch: dict[str, Any], response: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
         n, width = response.shape

@@ -251,10 +251,12 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
     policy = Policy.from_pretrained(
         model_path, device=device, dtype=cfg.model.dtype, lora=cfg.model.lora,
         gradient_checkpointing=cfg.model.gradient_checkpointing, freeze_vision_tower=cfg.model.freeze_vision_tower,
+        prefix_sharing=cfg.model.prefix_sharing,
     )
     ref_policy = None
     if cfg.train.kl_coef > 0:
-        ref_policy = Policy.from_pretrained(model_path, device=device, dtype=cfg.model.dtype)
+        ref_policy = Policy.from_pretrained(model_path, device=device, dtype=cfg.model.dtype,
+                                            prefix_sharing=cfg.model.prefix_sharing)
     # Rows whose prompt exceeds data.max_prompt_length are skipped like unreadable ones.
     train_pool, train_report = fit_to_policy(train_pool, train_report, policy, cfg.data)
     eval_pool, eval_report = fit_to_policy(eval_pool, eval_report, policy, cfg.data)

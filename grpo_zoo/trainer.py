@@ -147,19 +147,22 @@ def batched_logprobs(policy: Any, batch: ScoredBatch, micro: int) -> torch.Tenso
 
 
 def by_length(rollout: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
-    """`rows` ordered by prompt + response length, so each micro-batch pads only to its own longest.
+    """`rows` grouped by prompt, prompts by length, then responses by length (a stable sort).
 
     A forward pads every row to the micro-batch's longest sequence. DIVA's hinted variants have
-    prompts ~1.9x as long as the originals; mixed into every micro-batch, they set the length of
-    all of them. Grouping by length costs nothing (the gradient is a sum over micro-batches) and
-    the order is a stable sort, so a run stays deterministic and resumable.
+    prompts ~1.9x as long as the originals; mixed into every micro-batch, they would set the
+    length of all of them. Keeping a prompt's rows together also lets the policy run that prompt
+    once per micro-batch (`Policy.prefix_sharing`). The gradient is a sum over micro-batches, so
+    the order costs nothing; being stable, it keeps a run deterministic and resumable.
     """
-    lengths = rollout.response_mask[rows].sum(-1).long()
+    prompts = rollout.prompt_index[rows]
+    order = torch.argsort(rollout.response_mask[rows].sum(-1), stable=True)
+    order = order[torch.argsort(prompts[order], stable=True)]
     prompt_ids = rollout.extras.get("prompt_token_ids")
     if prompt_ids is not None:
-        prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids], dtype=torch.long)
-        lengths = lengths + prompt_lengths[rollout.prompt_index[rows]]
-    return rows[torch.argsort(lengths, stable=True)]
+        prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids], dtype=torch.long)[prompts]
+        order = order[torch.argsort(prompt_lengths[order], stable=True)]
+    return rows[order]
 
 
 def rollout_correction_metrics(run: Run, batch: ScoredBatch, old_logp: torch.Tensor | None) -> dict[str, float]:

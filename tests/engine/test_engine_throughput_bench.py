@@ -40,8 +40,8 @@ def test_arms_run_and_write_json(bench, tmp_path, capsys):
     assert "TRL arm skipped: no TRL venv" in capsys.readouterr().out
     result = json.loads(out.read_text())
     rows = {r["arm"]: r for r in result["rows"]}
-    assert set(rows) == {"grpo_zoo", "limit"}
-    assert result["trl_skipped"].startswith("no TRL venv")
+    assert set(rows) == {"grpo_zoo", "grpo_zoo_no_sharing", "limit"}
+    assert result["trl_skipped"].startswith("no TRL venv") and result["prefix_sharing_speedup"] > 0
     for row in rows.values():
         assert row["mean_tokens_per_response"] == 4.0  # EOS suppressed: every response is max_new_tokens long
         assert row["median_step_s"] > 0 and row["responses_per_s"] > 0
