@@ -16,7 +16,8 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -394,14 +395,16 @@ class Policy:
         mask = mask[:, :width].long()
         response = rollout.response_ids[rows][:, :width].masked_fill(mask == 0, self.pad_token_id)
         distinct = list(dict.fromkeys(p_idx))
-        if self._shares_prompts(len(distinct), n):
+        recompute = self._checkpointing() and torch.is_grad_enabled()
+        if self.prefix_sharing and len(distinct) < n and not recompute:  # sharing pays when prompts repeat
             where = {p: i for i, p in enumerate(distinct)}
             prompt_of_row = torch.tensor([where[p] for p in p_idx], device=self.device)
             logits = response_logits(self, self._batch(token_ids, model_inputs, distinct), prompt_of_row,
                                      response.to(self.device), mask.to(self.device))  # [n, width, V]
         else:
-            inputs = self._forward_inputs(self._batch(token_ids, model_inputs, p_idx), response, mask)
-            logits = self.model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+            with checkpointing_layers_active(self.model, recompute):  # the vision tower's blocks too
+                inputs = self._forward_inputs(self._batch(token_ids, model_inputs, p_idx), response, mask)
+                logits = self.model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
         logits = logits.float() / temperature  # position j predicts response token j
         logp_all = torch.log_softmax(logits, dim=-1)  # [n, width, V]
         logp = logp_all.gather(-1, response.to(logits.device).unsqueeze(-1)).squeeze(-1)  # [n, width]
@@ -413,13 +416,12 @@ class Policy:
             entropy = F.pad(entropy * keep, (0, full_t - width))
         return logp, entropy
 
-    def _shares_prompts(self, distinct: int, rows: int) -> bool:
-        """Prefix sharing pays when some prompt has several rows; gradient checkpointing turns the cache off."""
+    def _checkpointing(self) -> bool:
+        """Whether gradient (activation) checkpointing is switched on (`model.gradient_checkpointing`)."""
         base = self._base_model()
         flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else \
             "is_gradient_checkpointing"  # the name before transformers 5.x
-        checkpointing = getattr(base, flag, False) and torch.is_grad_enabled()
-        return self.prefix_sharing and distinct < rows and not checkpointing
+        return bool(getattr(base, flag, False))
 
     def _forward_inputs(self, batch: dict[str, Any], response: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
         n, width = response.shape
@@ -494,6 +496,30 @@ class Policy:
         vocab_size = self._base_model().get_output_embeddings().weight.shape[0]
         ids.update(range(len(self.tokenizer), vocab_size))  # padded embedding rows no text decodes to
         return sorted(i for i in ids if i not in self.eos_token_ids and 0 <= i < vocab_size)
+
+
+@contextmanager
+def checkpointing_layers_active(model: torch.nn.Module, active: bool) -> Iterator[None]:
+    """Let HF's checkpointing layers recompute their activations in backward, and change nothing else.
+
+    transformers checkpoints a layer only while that layer is in training mode, and the policy stays
+    in eval mode (no dropout, so sampling and the update see the same model). Only the layers' own
+    `training` flag is set here, not their submodules': attention and dropout inside stay in eval.
+    """
+    if not active:
+        yield
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    before = [m.training for m in layers]
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer, mode in zip(layers, before):
+            layer.training = mode
 
 
 def response_mask_from_eos(response: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from grpo_zoo import shared_prompts
 from grpo_zoo.policy import Policy
@@ -126,3 +127,29 @@ def test_top_p_keeps_the_smallest_set_reaching_p_and_always_the_best_token():
     assert set(draws[:, 0].tolist()) == {0, 1} and set(draws[:, 1].tolist()) == {0}
     suppressed = shared_prompts.next_token(logits, torch.tensor([0]), 1.0, 1.0, greedy=True)
     assert suppressed.tolist() == [1, 1]
+
+
+def test_gradient_checkpointing_recomputes_in_the_update_and_keeps_the_gradient(policy):
+    """HF checkpoints a layer only in training mode; the policy stays in eval mode, so the update turns it on."""
+    rollout = _generate(policy, _prompts(), share=True, temperature=1.0, top_p=1.0)
+    rows = torch.tensor([0, 1, 2, 6, 7])
+    _, _, plain = _logprobs_and_grads(policy, rollout, rows, share=False)
+    policy.model.gradient_checkpointing_enable()
+    calls = []
+    layers = [m for m in policy.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        func = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, _f=func, **k: calls.append(1) or _f(*a, **k)
+    try:
+        with torch.no_grad():
+            policy.logprobs(rollout, rows)  # no backward follows: nothing to recompute
+        assert calls == []
+        _, _, checkpointed = _logprobs_and_grads(policy, rollout, rows, share=True)
+        assert len(calls) == len(layers) == 6  # 4 decoder + 2 vision blocks (sharing stepped aside)
+        assert not policy.model.training and not any(m.training for m in policy.model.modules())
+        for name, grad in plain.items():
+            assert float((checkpointed[name] - grad).norm()) <= 1e-5 * float(grad.norm()) + 1e-7, name
+    finally:
+        for layer in layers:
+            del layer._gradient_checkpointing_func
+        policy.model.gradient_checkpointing_disable()
