@@ -39,9 +39,7 @@ class PromptPass:
 def prompt_pass(policy: Any, batch: dict[str, Any]) -> PromptPass:
     """Forward the (left-padded, distinct) prompts of `batch` once, keeping the cache (grad as the caller's mode)."""
     inputs = dict(batch)
-    positions, next_position = prompt_positions(policy, inputs)
-    if positions is not None:
-        inputs["position_ids"] = positions
+    inputs["position_ids"], next_position = prompt_positions(policy, inputs)
     out = policy.model(**inputs, use_cache=True, logits_to_keep=1)
     if out.past_key_values is None:
         raise RuntimeError("model.prefix_sharing needs the model's key/value cache, and the forward returned none "
@@ -49,8 +47,8 @@ def prompt_pass(policy: Any, batch: dict[str, Any]) -> PromptPass:
     return PromptPass(out.past_key_values, out.logits[:, -1], inputs["attention_mask"], next_position)
 
 
-def prompt_positions(policy: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Positions for a prompt forward (None: the model's own) and each prompt's next text position [D]."""
+def prompt_positions(policy: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions for a prompt forward and each prompt's next text position [D]."""
     mask = inputs["attention_mask"]
     has_images = "image_grid_thw" in inputs or "video_grid_thw" in inputs
     if policy._uses_mrope and has_images:
@@ -66,14 +64,13 @@ def prompt_positions(policy: Any, inputs: dict[str, Any]) -> tuple[torch.Tensor 
     return positions, mask.sum(-1)
 
 
-def continue_rows(policy: Any, state: PromptPass, prompt_of_row: torch.Tensor, tokens: torch.Tensor,
-                  token_mask: torch.Tensor, cache: Any) -> torch.Tensor:
-    """Logits [n, t, V] after `tokens` [n, t], appended to each row's prompt (cache already holds their past)."""
-    past = cache.get_seq_length()
-    prompt_len = state.attention_mask.shape[1]
-    mask = torch.cat([state.attention_mask[prompt_of_row], token_mask], dim=1)
-    offset = torch.arange(past - prompt_len, past - prompt_len + tokens.shape[1], device=tokens.device)
-    positions = state.next_position[prompt_of_row].unsqueeze(1) + offset  # [n, t]
+def continue_rows(policy: Any, cache: Any, tokens: torch.Tensor, mask: torch.Tensor,
+                  first_position: torch.Tensor) -> torch.Tensor:
+    """Logits [n, t, V] after `tokens` [n, t], whose past (prompt and earlier tokens) is in `cache`.
+
+    `mask` [n, past + t] covers the past and the tokens; `first_position` [n] is the first token's position.
+    """
+    positions = first_position.unsqueeze(1) + torch.arange(tokens.shape[1], device=tokens.device)  # [n, t]
     out = policy.model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
                        use_cache=True)
     return out.logits
@@ -99,7 +96,8 @@ def response_logits(policy: Any, batch: dict[str, Any], prompt_of_row: torch.Ten
     if response.shape[1] == 1:
         return first
     cache = expanded_cache(state, prompt_of_row)
-    rest = continue_rows(policy, state, prompt_of_row, response[:, :-1], mask[:, :-1], cache)
+    full_mask = torch.cat([state.attention_mask[prompt_of_row], mask[:, :-1]], dim=1)
+    rest = continue_rows(policy, cache, response[:, :-1], full_mask, state.next_position[prompt_of_row])
     return torch.cat([first, rest], dim=1)
 
 
@@ -118,6 +116,9 @@ def sample(policy: Any, batch: dict[str, Any], prompt_of_row: torch.Tensor, *, m
     eos = torch.tensor(policy.eos_token_ids, device=logits.device)
     suppressed = torch.tensor(policy.suppressed_token_ids, dtype=torch.long, device=logits.device)
     done = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    mask = state.attention_mask[prompt_of_row]  # grows by one column per sampled token
+    position = state.next_position[prompt_of_row]
+    new_column = torch.ones(n, 1, dtype=mask.dtype, device=mask.device)
     steps: list[torch.Tensor] = []
     for t in range(max_new_tokens):
         token = next_token(logits, suppressed, temperature, top_p, greedy)
@@ -126,9 +127,8 @@ def sample(policy: Any, batch: dict[str, Any], prompt_of_row: torch.Tensor, *, m
         done |= torch.isin(token, eos)
         if bool(done.all()) or t + 1 == max_new_tokens:
             break
-        ids = torch.stack(steps, dim=1)
-        logits = continue_rows(policy, state, prompt_of_row, token.unsqueeze(1),
-                               torch.ones_like(ids), cache)[:, -1].float()
+        mask = torch.cat([mask, new_column], dim=1)
+        logits = continue_rows(policy, cache, token.unsqueeze(1), mask, position + t)[:, -1].float()
     return torch.stack(steps, dim=1)
 
 
