@@ -122,7 +122,15 @@ def load_processor(path: str) -> Any:
     import json
     from pathlib import Path
 
-    processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    try:
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    except OSError as error:
+        image_only = _image_only_class(path)
+        if image_only is None or "video processor" not in str(error):
+            raise
+        # With torchvision installed transformers builds its own class, which wants a video
+        # processor config that image-only directories (the testbed's, ours saved) never had.
+        processor = image_only.from_pretrained(path, local_files_only=True)
     config_file = Path(path) / "config.json"
     is_vision = config_file.is_file() and "vision_config" in json.loads(config_file.read_text())
     if is_vision and getattr(processor, "image_processor", None) is None:
@@ -131,3 +139,14 @@ def load_processor(path: str) -> Any:
             "without an image processor; check preprocessor_config.json / processor_config.json"
         )
     return processor
+
+
+def _image_only_class(path: str) -> type | None:
+    """The image-only processor class for the Qwen-VL model in `path`, or None for any other model."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    return IMAGE_ONLY_PROCESSORS.get(type(config))

@@ -143,7 +143,7 @@ def batched_logprobs(policy: Any, batch: ScoredBatch, micro: int) -> torch.Tenso
     ordered = torch.cat(chunks)
     logp = torch.empty_like(ordered)
     logp[rows] = ordered  # back in row order
-    return logp  # [N, T]
+    return logp.cpu()  # [N, T], on the CPU with the rest of the batch
 
 
 def by_length(rollout: RolloutBatch, rows: torch.Tensor) -> torch.Tensor:
@@ -244,6 +244,11 @@ def _image_key(image) -> str:
     return hashlib.sha1(image.tobytes() + str(image.size).encode()).hexdigest()
 
 
+def rows_on(values: torch.Tensor | None, rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """These rows of a batch tensor (the batch stays on the CPU) on the device the policy computes on."""
+    return None if values is None else values[rows].to(like.device)
+
+
 def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_logp: torch.Tensor | None) -> dict:
     tr = run.cfg.train
     rollout = batch.rollout
@@ -267,14 +272,14 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
             # This process's micro-batches (all of them, or its rank's share) with their loss weights.
             for rows, weight in backend.micro_batches(mini_rows, micro):
                 logp, entropy = run.policy.logprobs(rollout, rows, with_entropy=True)
-                mask = rollout.response_mask[rows].to(logp.dtype)
+                mask = rows_on(rollout.response_mask, rows, logp).to(logp.dtype)
                 inputs = LossInputs(
                     logp=logp,
-                    old_logp=(old_logp[rows] if old_logp is not None else logp.detach()),
-                    advantages=advantages[rows].to(logp.dtype),
+                    old_logp=rows_on(old_logp, rows, logp) if old_logp is not None else logp.detach(),
+                    advantages=rows_on(advantages, rows, logp).to(logp.dtype),
                     mask=mask,
-                    ref_logp=ref_logp[rows] if ref_logp is not None else None,
-                    sampler_logp=rollout.sampler_logprobs[rows] if rollout.sampler_logprobs is not None else None,
+                    ref_logp=rows_on(ref_logp, rows, logp),
+                    sampler_logp=rows_on(rollout.sampler_logprobs, rows, logp),
                     kl_coef=tr.kl_coef,
                     kl_estimator=tr.kl_estimator,
                     max_response_length=run.cfg.rollout.max_new_tokens,

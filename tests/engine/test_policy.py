@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 from transformers import AutoProcessor, GenerationConfig
+from transformers.utils import is_torchvision_available
 
 import grpo_zoo.hf_compat as hf_compat
 from grpo_zoo.config import LoraConfig
@@ -238,6 +239,7 @@ def test_from_pretrained_refuses_non_local_paths(tmp_path):
         Policy.from_pretrained(str(tmp_path), dtype="float64")
 
 
+@pytest.mark.skipif(is_torchvision_available(), reason="with torchvision, transformers' own classes are used")
 def test_auto_processor_loads_a_qwen_checkpoint_layout_without_torchvision(tiny_dir, tmp_path):
     # A real Qwen2.5-VL checkpoint names its processor in preprocessor_config.json and has no
     # processor_config.json; AutoProcessor must still return image processor + tokenizer.
@@ -256,6 +258,21 @@ def test_auto_processor_loads_a_qwen_checkpoint_layout_without_torchvision(tiny_
     text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}]}], tokenize=False)
     out = processor(text=[text], images=[_image(0)], return_tensors="pt")
     assert int((out["input_ids"] == processor.image_token_id).sum()) == 16
+
+
+def test_load_processor_falls_back_to_image_only_when_transformers_wants_a_video_processor(tiny_dir, monkeypatch):
+    # With torchvision installed, AutoProcessor builds the library class, which demands a video
+    # processor config that the testbed's (image-only) directory never had.
+    def wants_video(path, **kwargs):
+        raise OSError(f"Can't load video processor for '{path}'. ... video_preprocessor_config.json file")
+
+    monkeypatch.setattr(hf_compat.AutoProcessor, "from_pretrained", wants_video)
+    processor = hf_compat.load_processor(str(tiny_dir))
+    assert hf_compat.is_image_only(processor) and processor.image_processor is not None
+    monkeypatch.setattr(hf_compat.AutoProcessor, "from_pretrained",
+                        lambda path, **kwargs: (_ for _ in ()).throw(OSError("disk on fire")))
+    with pytest.raises(OSError, match="disk on fire"):  # any other error is the user's to see
+        hf_compat.load_processor(str(tiny_dir))
 
 
 def test_frozen_vision_tower_gets_no_gradient_and_the_language_model_still_trains(tiny_dir, rollout):
