@@ -269,6 +269,7 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
             if micro < len(mini_rows):
                 mini_rows = by_length(rollout, mini_rows)
             backend.zero_grad()
+            bad_losses = bad_tokens = 0  # what made this mini-batch's update non-finite, for the warning
             # This process's micro-batches (all of them, or its rank's share) with their loss weights.
             for rows, weight in backend.micro_batches(mini_rows, micro):
                 logp, entropy = run.policy.logprobs(rollout, rows, with_entropy=True)
@@ -290,6 +291,8 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
                 if not torch.isfinite(loss.detach()):
                     # A non-finite loss can still have finite gradients (a NaN in a detached term):
                     # poison them, so the backend's finite check skips this update on every rank.
+                    bad_losses += 1
+                    bad_tokens += int((~torch.isfinite(logp.detach()) & (mask > 0)).sum())
                     loss = (logp * float("nan")).sum()
                 backend.backward(loss * weight)
                 if weight == 0:
@@ -302,7 +305,9 @@ def policy_update(run: Run, batch: ScoredBatch, advantages: torch.Tensor, old_lo
             grad_norm = backend.step(tr.grad_clip)  # clip, then update unless the norm is not finite
             if grad_norm is None:
                 skipped += 1  # a non-finite loss or gradient never reaches the weights
-                log.warning("step %d: non-finite loss or gradient norm, update skipped", run.step)
+                cause = (f"{bad_losses} micro-batch loss(es) not finite; the policy's log-probs were not finite on "
+                         f"{bad_tokens} response tokens" if bad_losses else "the gradient norm was not finite")
+                log.warning("step %d: update skipped: %s", run.step, cause)
                 continue
             grad_norms.append(grad_norm)
     sums, count = backend.reduce_metrics(sums, count)  # averaged over ranks under data parallelism
@@ -333,6 +338,9 @@ def advantage_stats(advantages: torch.Tensor) -> dict[str, float]:
 def make_run_dir(cfg: Config, recipe: str, output_dir: str | None) -> Path:
     template = output_dir or cfg.output.dir
     path = Path(template.format(recipe=recipe, time=time.strftime("%Y%m%d-%H%M%S"))).expanduser()
+    if (path / "metrics.jsonl").is_file():
+        raise ConfigError(f"{path} already holds a run (metrics.jsonl): continue it with --resume {path}, or pick "
+                          "another --output-dir (a new run there would mix its records and checkpoints into the old)")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -164,3 +164,13 @@ def test_the_step_that_spends_the_cpu_budget_is_evaluated_and_checkpointed(tiny_
     last = [r for r in records(result.run_dir) if r["step"] == 1]
     assert len(last) == 1 and "eval/pass@1" in last[0] and "time/cpu_s" in last[0]
     assert (result.run_dir / "checkpoints" / "step-000001").is_dir()
+
+
+def test_a_new_run_refuses_a_directory_that_holds_one(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    cfg = load_config(None, tiny_overrides(tiny_model, run_dir))
+    with pytest.raises(ConfigError, match="--resume"):
+        train(cfg, recipe="again")
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 0}\n'  # the old run's records are untouched

@@ -61,7 +61,9 @@ def test_nan_loss_skips_the_update_and_never_reaches_the_weights(tiny_model, tmp
     steps = {r["step"]: r for r in h.records(result.run_dir) if "train/skipped_updates" in r}
     assert steps[1]["train/skipped_updates"] == 0 and steps[3]["train/skipped_updates"] == 0
     assert steps[2]["train/skipped_updates"] == 1  # the step whose loss was NaN
-    assert "non-finite loss or gradient" in caplog.text
+    # The warning names the cause: the loss, while the policy's log-probs themselves were finite.
+    assert "update skipped" in caplog.text and "loss(es) not finite" in caplog.text
+    assert "not finite on 0 response tokens" in caplog.text
     ckpts = result.run_dir / "checkpoints"
     one, two, three = (weights(ckpts / f"step-00000{i}") for i in (1, 2, 3))
     assert any(r["advantage/abs_mean"] > 0 for r in steps.values())  # the updates had something to move
