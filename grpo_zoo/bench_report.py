@@ -209,6 +209,10 @@ class RecipeSummary:
     final_greedy_mean: float
     delta: float  # final_mean minus the baseline's
     p_value: float
+    # Mean over the seeds both finished of (this recipe - the baseline at the same train.seed), and its CI.
+    # A bench runs seed by seed, so a pair shares the machine's state (its speed buys the same steps).
+    paired_delta: float
+    paired_delta_ci: tuple[float, float] | None
     reached: int  # seeds whose held-out metric reached the target
     steps_to_target: float  # means over the seeds that reached it
     steps_to_target_ci: tuple[float, float] | None
@@ -234,6 +238,7 @@ def summarize(results: list[TrialResult], cfg: BenchConfig) -> list[RecipeSummar
         return bootstrap_ci(values, cfg.confidence, cfg.bootstrap_resamples)
 
     base = finals(cfg.baseline)
+    base_by_seed = {r.seed: r.final for r in results if r.recipe == cfg.baseline and r.final is not None}
     rows = []
     for name in cfg.recipes:
         trials = [r for r in results if r.recipe == name]
@@ -241,10 +246,12 @@ def summarize(results: list[TrialResult], cfg: BenchConfig) -> list[RecipeSummar
         hits = [h for h in (r.to_target(cfg.target) for r in trials) if h is not None]
         steps, cpu, wall = ([h[i] for h in hits] for i in range(3))
         p_value = compare(final, base, cfg.test) if name != cfg.baseline else None
+        paired = [r.final - base_by_seed[r.seed] for r in trials if r.final is not None and r.seed in base_by_seed]
         rows.append(RecipeSummary(
             recipe=name, seeds=len(trials), final_mean=nanmean(final), final_ci=ci(final),
             final_greedy_mean=nanmean([r.final_greedy for r in trials]),
             delta=nanmean(final) - nanmean(base), p_value=math.nan if p_value is None else p_value,
+            paired_delta=nanmean(paired), paired_delta_ci=ci(paired) if name != cfg.baseline else None,
             reached=len(hits),
             steps_to_target=nanmean(steps), steps_to_target_ci=ci(steps),
             cpu_to_target=nanmean(cpu), cpu_to_target_ci=ci(cpu),
@@ -411,19 +418,23 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
              f"{len(cfg.recipes)} recipes x {len(cfg.seeds)} seeds (train.seed {cfg.seeds}); every arm shares: "
              f"{budget}. Main metric `{cfg.metric}` on the fixed held-out set; target {cfg.target}; "
              f"p-values: two-sided {test} against `{cfg.baseline}` on the final metric; CIs: {pct} percentile "
-             f"bootstrap over seeds (n/a below 2 seeds). Steps / CPU s / wall s to target are means over the seeds "
+             f"bootstrap over seeds (n/a below 2 seeds). Paired Δ: the mean over seeds of (recipe - "
+             f"{cfg.baseline} at the same train.seed), which the bench runs back to back, so a pair shares the "
+             f"machine's state. Steps / CPU s / wall s to target are means over the seeds "
              f"that reached it; wall s is training time without evals. Effective gradient ratio and group shares "
              f"are of the groups trained on: dynamic sampling (dapo) drops all-equal groups before that (its "
              f"`selector/dapo/pass_rate` is the share it kept); responses/step counts every generated response.",
              *(base_lines or []), "", "## Results", "",
-             f"| recipe | done | final {cfg.metric} [{pct} CI] | greedy | Δ vs {cfg.baseline} | p | reached target | "
+             f"| recipe | done | final {cfg.metric} [{pct} CI] | greedy | Δ vs {cfg.baseline} | p "
+             f"| paired Δ [{pct} CI] | reached target | "
              "steps to target | CPU s to target | wall s to target | steps | CPU s | eff. grad ratio | all-correct | "
              "all-wrong | responses/step | tokens/s |",
-             "|" + "---|" * 17]
+             "|" + "---|" * 18]
     for s in summaries:
         lines.append(
             f"| {s.recipe} | {s.seeds}/{len(cfg.seeds)} | {fmt(s.final_mean, s.final_ci)} | {fmt(s.final_greedy_mean)} "
             f"| {'baseline' if s.recipe == cfg.baseline else fmt(s.delta)} | {fmt(s.p_value, digits=4)} "
+            f"| {'baseline' if s.recipe == cfg.baseline else fmt(s.paired_delta, s.paired_delta_ci)} "
             f"| {s.reached} of {s.seeds} "
             f"| {fmt(s.steps_to_target, s.steps_to_target_ci, 1)} | {fmt(s.cpu_to_target, s.cpu_to_target_ci, 0)} "
             f"| {fmt(s.wall_to_target, s.wall_to_target_ci, 0)} | {fmt(s.steps, digits=1)} | {fmt(s.cpu_s, digits=0)} "

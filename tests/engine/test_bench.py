@@ -96,6 +96,11 @@ def test_summary_statistics_match_scipy(tmp_path):
     assert math.isclose(diva.delta, 0.15)
     assert math.isclose(diva.p_value, stats.ttest_ind([0.8, 0.85, 0.9], [0.6, 0.7, 0.8], equal_var=False).pvalue)
     assert math.isnan(grpo.p_value)  # the baseline is not tested against itself
+    # Paired by seed: diva - grpo = 0.2, 0.15, 0.1 on seeds 0, 1, 2.
+    assert math.isclose(diva.paired_delta, 0.15) and grpo.paired_delta_ci is None
+    diffs = ([0.2, 0.15, 0.1],)
+    paired = stats.bootstrap(diffs, np.mean, n_resamples=999, method="percentile", rng=np.random.default_rng(0))
+    assert diva.paired_delta_ci == pytest.approx((paired.confidence_interval.low, paired.confidence_interval.high))
     rng = np.random.default_rng(0)
     ci = stats.bootstrap(([0.6, 0.7, 0.8],), np.mean, n_resamples=999, method="percentile", rng=rng)
     assert grpo.final_ci == pytest.approx((ci.confidence_interval.low, ci.confidence_interval.high))
