@@ -257,7 +257,9 @@ def test_shipped_bench_files_validate(path):
     assert is_bench_file(path)
     assert "recipes x" in validate_bench(path)
     cfg = load_bench(path)
-    assert len(cfg.seeds) >= (5 if path.stem == "testbed" else 2) and cfg.baseline == "grpo"
+    assert len(cfg.seeds) >= (5 if path.stem in ("testbed", "default_run") else 2)
+    # Algorithm comparisons test against GRPO; default_run tests lr settings against the default recipe.
+    assert cfg.baseline == ("default" if path.stem == "default_run" else "grpo")
     if path.stem in ("testbed", "quick"):  # the seed papers' arms; testbed_more holds the other baselines
         assert {"grpo", "dr_grpo", "rloo", "dapo", "gspo", "durian", "vade", "diva", "diva_vade"} <= set(cfg.recipes)
 
