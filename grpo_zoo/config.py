@@ -200,6 +200,12 @@ class EvalConfig:
     greedy: bool = True
     batch_size: int = 128
     at_start: bool = True
+    by: list[str] = field(default_factory=list)  # question columns to break pass@1 and greedy accuracy down
+    #   by, logged as eval/<column>=<value>/pass@1 (e.g. [tier] on the testbed: where RL gains or loses)
+
+    def __post_init__(self) -> None:
+        if len(set(self.by)) != len(self.by) or any(not c or "/" in c or "=" in c for c in self.by):
+            raise ValueError(f"eval.by must be distinct column names without '/' or '=', got {self.by}")
 
 
 @dataclass

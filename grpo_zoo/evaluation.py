@@ -6,7 +6,7 @@ a run evaluates never changes what it trains on (resume stays bit-identical).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from math import comb
 from typing import Any
@@ -36,6 +36,7 @@ class EvalSettings:
     template: str = "{problem}"
     system_prompt: str = ""
     seed: int = 1234
+    by: tuple[str, ...] = ()  # question columns (extras) to break pass@1 and greedy accuracy down by
 
 
 def settings_from_config(cfg: Any) -> EvalSettings:
@@ -49,6 +50,7 @@ def settings_from_config(cfg: Any) -> EvalSettings:
         max_new_tokens=cfg.rollout.max_new_tokens,
         template=cfg.data.prompt_template,
         system_prompt=cfg.data.system_prompt,
+        by=tuple(cfg.eval.by),
     )
 
 
@@ -62,22 +64,45 @@ def evaluate(policy, questions: list[Question], rewards, settings: EvalSettings)
     torch.manual_seed(settings.seed)
     prompts = as_prompts(questions)
     metrics: dict[str, float] = {}
+    per_question: dict[str, torch.Tensor] = {}  # metric name -> [P] per-question score, for the breakdowns
     try:
         with torch.no_grad():
             if settings.greedy:
                 acc, fmt, length = _score(policy, prompts, rewards, settings, group_size=1, greedy=True)
                 metrics["eval/greedy_accuracy"] = float(acc.mean())
+                per_question["greedy_accuracy"] = acc.float()
             if settings.samples > 0:
                 acc, fmt, length = _score(policy, prompts, rewards, settings, group_size=settings.samples, greedy=False)
                 correct = (acc >= 0.5).view(len(prompts), settings.samples)
                 metrics["eval/pass@1"] = float(correct.float().mean())
+                per_question["pass@1"] = correct.float().mean(1)
                 k = settings.samples
                 metrics[f"eval/pass@{k}"] = sum(pass_at_k(k, int(c), k) for c in correct.sum(1)) / len(prompts)
             metrics["eval/format"] = float(fmt.mean())
             metrics["eval/response_length"] = float(length.mean())
     finally:
         torch.set_rng_state(rng_state)
+    for column in settings.by:
+        metrics.update(slice_metrics(prompts, column, per_question))
     return metrics
+
+
+def column_values(prompts: list[Prompt], column: str) -> dict[str, list[int]]:
+    """Prompt indices per value of the question column `column` (str(value); "None" where absent), in value order."""
+    groups: dict[Any, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p.extras.get(column), []).append(i)
+    return {str(v): groups[v] for v in value_order(groups)}
+
+
+def slice_metrics(prompts: list[Prompt], column: str, per_question: dict[str, torch.Tensor]) -> dict[str, float]:
+    """eval/<column>=<value>/<metric>: each per-question metric averaged over the questions of each value."""
+    out: dict[str, float] = {}
+    for value, index in column_values(prompts, column).items():
+        rows = torch.tensor(index, dtype=torch.long)
+        for name, scores in per_question.items():
+            out[f"eval/{column}={value}/{name}"] = float(scores[rows].mean())
+    return out
 
 
 def _score(policy, prompts: list[Prompt], rewards, settings: EvalSettings, *, group_size: int, greedy: bool):
@@ -212,8 +237,12 @@ def breakdown(results: list[QuestionResult], column: str, samples: int, ks: list
     groups: dict[Any, list[QuestionResult]] = {}
     for r in results:
         groups.setdefault(r.columns.get(column), []).append(r)
-    order = sorted(groups, key=lambda v: (v is None, isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
-    return [{"value": v, **summarise(groups[v], samples, ks)} for v in order]
+    return [{"value": v, **summarise(groups[v], samples, ks)} for v in value_order(groups)]
+
+
+def value_order(values: Iterable[Any]) -> list[Any]:
+    """A column's values in reading order: numbers ascending, then strings, then None."""
+    return sorted(values, key=lambda v: (v is None, isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
 
 
 def _mean(values: list[float]) -> float | None:

@@ -229,6 +229,22 @@ def check_pool(cfg: Config, train_pool: list[Question]) -> None:
         )
 
 
+MAX_EVAL_SLICES = 64  # values per eval.by column: each logs its own metrics at every eval
+
+
+def check_eval_columns(cfg: Config, eval_pool: list[Question]) -> None:
+    """Every eval.by column is a question column of the held-out set, with few enough values to log."""
+    for column in cfg.eval.by:
+        values = {str(q.extras[column]) for q in eval_pool if column in q.extras}
+        if not values and eval_pool:
+            known = sorted({k for q in eval_pool for k in q.extras})
+            raise ConfigError(f"eval.by: no held-out question of data.eval '{cfg.data.eval}' has the column "
+                              f"{column!r}; its columns are {known}")
+        if len(values) > MAX_EVAL_SLICES:
+            raise ConfigError(f"eval.by: column {column!r} has {len(values)} distinct values (at most "
+                              f"{MAX_EVAL_SLICES}); break the eval down by a coarser column")
+
+
 def pick_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -244,6 +260,7 @@ def build_run(cfg: Config, run_dir: Path, resume_step: int | None = None) -> Run
     check_config(cfg)
     train_pool, train_report = load_questions(cfg.data.train, cfg.data, cfg.testbed, "train")
     eval_pool, eval_report = load_questions(cfg.data.eval, cfg.data, cfg.testbed, "eval")
+    check_eval_columns(cfg, eval_pool[: cfg.eval.num_questions])
 
     model_path = resolve_model_path(cfg)
     device = pick_device(cfg.model.device)

@@ -47,6 +47,13 @@ class TrainResult:
                 lines.append(
                     f"held-out {key[5:]}: {self.first_eval[key]:.3f} at the start -> {self.last_eval[key]:.3f}"
                 )
+        by_column: dict[str, list[str]] = {}  # eval.by slices of pass@1: column -> ["value start -> end", ...]
+        for key, end in self.last_eval.items():
+            if key.count("/") == 2 and key.endswith("/pass@1") and key in self.first_eval:
+                column, _, value = key.split("/")[1].partition("=")
+                by_column.setdefault(column, []).append(f"{value} {self.first_eval[key]:.3f} -> {end:.3f}")
+        for column, parts in by_column.items():
+            lines.append(f"  pass@1 by {column}: " + " | ".join(parts))
         lines.append(f"metrics:     {self.run_dir / 'metrics.jsonl'}")
         lines.append(f"tensorboard: {self.run_dir / 'tensorboard'}")
         if self.checkpoint:
@@ -489,5 +496,16 @@ def _progress(cfg: Config, start: int):
 
 
 def _format_eval(step: int, metrics: dict[str, float]) -> str:
-    parts = [f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("eval/")]
-    return f"[eval @ step {step}] " + " ".join(parts)
+    """One line of the eval's figures, then one line per eval.by column: its values' pass@1 (else greedy)."""
+    parts = [f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("eval/") and k.count("/") == 1]
+    lines = [f"[eval @ step {step}] " + " ".join(parts)]
+    slices: dict[str, dict[str, list[str]]] = {}  # column -> metric -> ["value score", ...]
+    for key, value in metrics.items():
+        if key.startswith("eval/") and key.count("/") == 2:
+            column_value, name = key[5:].split("/")
+            column, _, label = column_value.partition("=")
+            slices.setdefault(column, {}).setdefault(name, []).append(f"{label} {value:.3f}")
+    for column, by_metric in slices.items():
+        name = "pass@1" if "pass@1" in by_metric else next(iter(by_metric))
+        lines.append(f"    {name} by {column}: " + " | ".join(by_metric[name]))
+    return "\n".join(lines)

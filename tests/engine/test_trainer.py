@@ -174,3 +174,27 @@ def test_a_new_run_refuses_a_directory_that_holds_one(tiny_model, tmp_path):
     with pytest.raises(ConfigError, match="--resume"):
         train(cfg, recipe="again")
     assert (run_dir / "metrics.jsonl").read_text() == '{"step": 0}\n'  # the old run's records are untouched
+
+
+def test_eval_breaks_pass_at_1_down_by_a_question_column(tiny_model, tmp_path, capsys):
+    from grpo_zoo.data import load_questions
+
+    cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run", "train.steps=1", "eval.by=[tier]"))
+    result = train(cfg, recipe="by")
+    pool, _ = load_questions(cfg.data.eval, cfg.data, cfg.testbed, "eval")
+    tiers = [str(q.extras["tier"]) for q in pool[: cfg.eval.num_questions]]
+    first = records(result.run_dir)[0]
+    assert {k.split("/")[1] for k in first if k.count("/") == 2} == {f"tier={t}" for t in tiers}
+    for name in ("pass@1", "greedy_accuracy"):  # the slices, weighted by their question counts, are the whole
+        whole = sum(tiers.count(t) * first[f"eval/tier={t}/{name}"] for t in set(tiers)) / len(tiers)
+        assert whole == pytest.approx(first[f"eval/{name}"])
+    out = capsys.readouterr().out
+    assert "    pass@1 by tier: " in out and "  pass@1 by tier: " in result.summary()
+
+
+def test_eval_by_a_column_the_eval_set_lacks_is_clear(tiny_model, tmp_path):
+    cfg = load_config(None, tiny_overrides(tiny_model, tmp_path / "run", "eval.by=[subject]"))
+    with pytest.raises(ConfigError, match=r"no held-out question .* 'subject'; its columns are \[.*'tier'"):
+        train(cfg, recipe="bad")
+    with pytest.raises(ConfigError, match="eval.by"):
+        load_config(None, ["eval.by=[tier, tier]"])
