@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo_zoo.bench_signal import kind_means, signal_by_kind, signal_lines
+from grpo_zoo.bench_slices import slice_lines, slice_rows, slice_values
 
 if TYPE_CHECKING:
     from grpo_zoo.bench import BenchConfig, Trial
@@ -61,6 +62,8 @@ class TrialResult:
     tokens_per_s: float = math.nan  # generated tokens (responses x mean kept length) per training second
     histograms: dict[str, list[tuple[int, list[float]]]] = field(default_factory=dict)
     by_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # bench_signal.kind_means: per prompt kind
+    first_slices: dict[tuple[str, str], float] = field(default_factory=dict)  # bench_slices: (column, value) ->
+    final_slices: dict[tuple[str, str], float] = field(default_factory=dict)  # metric at the first / last eval
 
     def to_target(self, target: float) -> tuple[int, float, float] | None:
         """(step, CPU s, wall s) of the first eval reaching target; None when never reached."""
@@ -102,6 +105,9 @@ def load_trial(run_dir: Path, recipe: str, seed: int, metric: str = "eval/pass@1
             out.eval_cpu.append(cpu)
             out.eval_wall.append(wall)
             out.final, out.final_greedy = float(row[metric]), row.get("eval/greedy_accuracy")
+            out.final_slices = slice_values(row, metric)
+            if step == 0:  # the base every trial starts from (eval.at_start)
+                out.first_slices = out.final_slices
         if row.get("groups/effective_gradient_ratio") is not None:
             out.egr_steps.append(step)
             out.egr.append(float(row["groups/effective_gradient_ratio"]))
@@ -396,6 +402,8 @@ def write_report(out_dir: Path, cfg: BenchConfig, trials: list[Trial], extra: li
         "recipes": [plain(asdict(s)) for s in summaries],
         "speedup_vs_baseline": plain(asdict(speed)),
         "signal_by_kind": [plain(asdict(k)) for k in signal_by_kind([(r.recipe, r.by_kind) for r in results])],
+        "metric_by_slice": [plain(asdict(row)) for row in slice_rows([(r.recipe, r.first_slices, r.final_slices)
+                                                                  for r in results])],
         "trials": [{"recipe": t.recipe, "seed": t.seed, "status": status[(t.recipe, t.seed)],
                     "run_dir": str(t.run_dir)} for t in trials],
     }, indent=1))
@@ -442,6 +450,7 @@ def report_lines(cfg: BenchConfig, summaries: list[RecipeSummary], results: list
             f"| {fmt(s.responses_per_step, digits=1)} | {fmt(s.tokens_per_s, digits=0)} |")
     lines += speedup_lines(cfg, speed if speed is not None else speedups(results, cfg))
     lines += signal_lines(signal_by_kind([(r.recipe, r.by_kind) for r in results]), fmt)
+    lines += slice_lines(slice_rows([(r.recipe, r.first_slices, r.final_slices) for r in results]), cfg.metric, fmt)
     lines += ["", "## Plots", ""]
     lines += [f"![{title}](plots/{name})" for title, name in plots.items()] or ["(no finished trials to plot)"]
     lines += ["", "## Trials", "",
