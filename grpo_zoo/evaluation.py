@@ -88,11 +88,15 @@ def evaluate(policy, questions: list[Question], rewards, settings: EvalSettings)
 
 
 def column_values(prompts: list[Prompt], column: str) -> dict[str, list[int]]:
-    """Prompt indices per value of the question column `column` (str(value); "None" where absent), in value order."""
+    """Prompt indices per value of the question column `column`, in value order.
+
+    Values are named by str(value), "None" where absent, with "/" written "_" (it separates a metric name's parts).
+    """
     groups: dict[Any, list[int]] = {}
     for i, p in enumerate(prompts):
-        groups.setdefault(p.extras.get(column), []).append(i)
-    return {str(v): groups[v] for v in value_order(groups)}
+        value = p.extras.get(column)
+        groups.setdefault(value if isinstance(value, (int, float, str, type(None))) else str(value), []).append(i)
+    return {str(v).replace("/", "_"): groups[v] for v in value_order(groups)}
 
 
 def slice_metrics(prompts: list[Prompt], column: str, per_question: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -59,3 +59,13 @@ def test_trials_without_slices_add_no_section(tmp_path):
     result = load_trial(tmp_path / "t", "grpo", 0)
     assert result.first_slices == {} and result.final_slices == {}
     assert slice_rows([("grpo", {}, {})]) == []
+
+
+def test_eval_slices_name_every_value_safely():
+    from grpo_zoo.evaluation import column_values
+    from grpo_zoo.types import Prompt
+
+    prompts = [Prompt(str(i), "q", "1", [], extras=extras) for i, extras in
+               enumerate([{"s": "alg/geo"}, {"s": 10}, {}, {"s": [1, 2]}, {"s": 9}])]
+    # numbers in numeric order, then text; "/" would split the metric name; unhashable values by their text
+    assert column_values(prompts, "s") == {"9": [4], "10": [1], "[1, 2]": [3], "alg_geo": [0], "None": [2]}
