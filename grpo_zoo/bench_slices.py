@@ -9,24 +9,23 @@ by which questions they gained or lost (on the testbed: the crowded scenes of ti
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-
-def slice_pattern(metric: str) -> re.Pattern[str]:
-    """eval/<column>=<value>/<name> for the bench metric eval/<name>."""
-    name = metric.split("/", 1)[1] if metric.startswith("eval/") else metric
-    return re.compile(r"^eval/([^/=]+)=([^/]*)/" + re.escape(name) + r"$")
+from grpo_zoo.slice_keys import parse_slice_key
 
 
 def slice_values(row: dict[str, Any], metric: str) -> dict[tuple[str, str], float]:
-    """{(column, value): metric} of one eval record; {} when its recipe set no eval.by."""
-    pattern = slice_pattern(metric)
-    return {(m.group(1), m.group(2)): float(v) for k, v in row.items()
-            if v is not None and (m := pattern.match(k))}
+    """{(column, value): metric} of one eval record, in the record's value order; {} when its recipe set no eval.by."""
+    name = metric.removeprefix("eval/")
+    out = {}
+    for key, value in row.items():
+        parsed = parse_slice_key(key)
+        if parsed and parsed[2] == name and value is not None:
+            out[parsed[0], parsed[1]] = float(value)
+    return out
 
 
 @dataclass
@@ -66,7 +65,7 @@ def slice_lines(rows: list[SliceRow], metric: str, fmt) -> list[str]:
              "last eval, means over seeds; the change from the start in brackets."]
     for column in dict.fromkeys(r.column for r in rows):
         block = [r for r in rows if r.column == column]
-        values = _order({v for r in block for v in r.values})
+        values = list(dict.fromkeys(v for r in block for v in r.values))  # as the eval logged them: value order
         start = next((r for r in block if r.recipe == "start"), None)
         lines += ["", f"| {column} | seeds | " + " | ".join(values) + " |", "|---|---|" + "---|" * len(values)]
         for r in block:
@@ -80,15 +79,5 @@ def slice_lines(rows: list[SliceRow], metric: str, fmt) -> list[str]:
 
 
 def _means(trials: list[dict[str, float]]) -> dict[str, float]:
-    names = {v for t in trials for v in t}
+    names = dict.fromkeys(v for t in trials for v in t)  # keeps the logged order
     return {v: float(np.mean([t[v] for t in trials if v in t])) for v in names}
-
-
-def _order(values: set[str]) -> list[str]:
-    """Logged values are strings: numbers first, in numeric order (tier 10 after tier 9), then text, then None."""
-    def key(v: str) -> tuple[bool, bool, float, str]:
-        try:
-            return False, False, float(v), v
-        except ValueError:
-            return v == "None", True, 0.0, v
-    return sorted(values, key=key)

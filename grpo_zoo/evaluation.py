@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from grpo_zoo.slice_keys import slice_key
 from grpo_zoo.types import Prompt, Question
 
 
@@ -105,8 +106,9 @@ def slice_metrics(prompts: list[Prompt], column: str, per_question: dict[str, to
     for value, index in column_values(prompts, column).items():
         rows = torch.tensor(index, dtype=torch.long)
         for name, scores in per_question.items():
-            out[f"eval/{column}={value}/{name}"] = float(scores[rows].mean())
+            out[slice_key(column, value, name)] = float(scores[rows].mean())
     return out
+
 
 
 def _score(policy, prompts: list[Prompt], rewards, settings: EvalSettings, *, group_size: int, greedy: bool):

@@ -27,6 +27,7 @@ from grpo_zoo.evaluation import evaluate
 from grpo_zoo.metrics import group_diagnostics, group_diagnostics_by_variant, masked_mean
 from grpo_zoo.rollout_ops import ScoredBatch, collect_batch
 from grpo_zoo.run import Run, build_run
+from grpo_zoo.slice_keys import parse_slice_key
 from grpo_zoo.types import AdvantageInputs, LossInputs, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ class TrainResult:
                 )
         by_column: dict[str, list[str]] = {}  # eval.by slices of pass@1: column -> ["value start -> end", ...]
         for key, end in self.last_eval.items():
-            if key.count("/") == 2 and key.endswith("/pass@1") and key in self.first_eval:
-                column, _, value = key.split("/")[1].partition("=")
+            parsed = parse_slice_key(key)
+            if parsed and parsed[2] == "pass@1" and key in self.first_eval:
+                column, value, _ = parsed
                 by_column.setdefault(column, []).append(f"{value} {self.first_eval[key]:.3f} -> {end:.3f}")
         for column, parts in by_column.items():
             lines.append(f"  pass@1 by {column}: " + " | ".join(parts))
@@ -497,14 +499,16 @@ def _progress(cfg: Config, start: int):
 
 def _format_eval(step: int, metrics: dict[str, float]) -> str:
     """One line of the eval's figures, then one line per eval.by column: its values' pass@1 (else greedy)."""
-    parts = [f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("eval/") and k.count("/") == 1]
-    lines = [f"[eval @ step {step}] " + " ".join(parts)]
     slices: dict[str, dict[str, list[str]]] = {}  # column -> metric -> ["value score", ...]
+    parts = []
     for key, value in metrics.items():
-        if key.startswith("eval/") and key.count("/") == 2:
-            column_value, name = key[5:].split("/")
-            column, _, label = column_value.partition("=")
+        parsed = parse_slice_key(key)
+        if parsed:
+            column, label, name = parsed
             slices.setdefault(column, {}).setdefault(name, []).append(f"{label} {value:.3f}")
+        elif key.startswith("eval/"):
+            parts.append(f"{key[5:]}={value:.3f}")
+    lines = [f"[eval @ step {step}] " + " ".join(parts)]
     for column, by_metric in slices.items():
         name = "pass@1" if "pass@1" in by_metric else next(iter(by_metric))
         lines.append(f"    {name} by {column}: " + " | ".join(by_metric[name]))

@@ -46,7 +46,7 @@ def test_report_gives_each_arm_its_slices_against_the_start(tmp_path):
     text = write_report(tmp_path, cfg, trials).read_text()
     heading = "## Where the gain is"
     assert text.index("## Speed-up vs grpo") < text.index(heading) < text.index("## Plots")
-    assert "| tier | seeds | 0 | 3 | 10 |" in text  # numeric order, not "0, 10, 3"
+    assert "| tier | seeds | 0 | 3 | 10 |" in text  # the order the eval logged them (numeric), not "0, 10, 3"
     assert "| start | 4 | 0.700 | 0.050 | 0.200 |" in text
     assert "| grpo | 2 | 0.800 (+0.100) | 0.100 (+0.050) | 0.200 (+0.000) |" in text
     assert "| diva | 2 | 0.700 (+0.000) | 0.400 (+0.350) | 0.300 (+0.100) |" in text
