@@ -7,17 +7,19 @@ At the warm-up base, under the default recipe (DIVA-GRPO on the testbed):
 3. the regime the seed papers target: >= 15% all-wrong and >= 15% all-right groups at G = 8,
    with mixed ones between.
 
-It needs the warmed-up testbed model (built once, ~5 min, then cached), and the audit itself
+It needs the warmed-up testbed model (built once, ~6 min, then cached), and the audit itself
 samples ~12k sequences, so it is opt-in (`-m slow`):
 
     python -m pytest -m slow tests/testbed/test_testbed_audit.py
 
-It is the bar of issue #13. Measured at the base of commit 6796f64 (`grpo-zoo audit --model
-testbed --variant-questions 128 --kinds hint,paraphrase,perturb_rotate,perturb_noise,perturb_occlude`):
-all-wrong 19.0%, mixed 65.2%, all-right 15.8%; hints +0.43, paraphrase -0.003 [-0.028, +0.021],
-rotate / noise / occlude -0.30 to -0.32; 1.9 visits per question. It passes here, but all-right
-clears its bar by under a point and a warm-up built on another CPU can round differently, so it
-stays opt-in rather than gate CI on a margin no run has measured across machines.
+It is the bar of issue #13. Measured at the base with the 900-step vision pre-training (`grpo-zoo
+audit --model testbed --variant-questions 128 --kinds hint,paraphrase,perturb_rotate,perturb_noise,
+perturb_occlude --no-durian`): all-wrong 18.0%, mixed 61.6%, all-right 20.4%; hints +0.37 and +0.39,
+paraphrase -0.022 [-0.053, +0.008], rotate / noise / occlude -0.38 / -0.25 / -0.36; 1.9 visits per
+question (the earlier 300-step base: 19.0 / 65.2 / 15.8%). The paraphrase verdict has the thinnest
+margin: a base warmed up for 480 instead of 600 steps audited it harder (-0.036 [-0.071, -0.001]),
+and a warm-up built on another CPU can round differently, so this stays opt-in rather than gate CI
+on a margin no run has measured across machines.
 """
 
 from __future__ import annotations
