@@ -226,7 +226,7 @@ class TestbedConfig:
     eval_questions: int = 512
     seed: int = 0
     vision_pretrain_steps: int = 900  # the tower's own pre-training (testbed/vision_pretrain.py); 0 = random tower
-    vision_pretrain_batch_size: int = 32  # ~1.8 min on 2 threads; 900 x 32 reads counts as well as 900 x 64
+    vision_pretrain_batch_size: int = 32  # ~2-2.5 min on 2 threads; 900 x 32 reads counts as well as 900 x 64
     vision_pretrain_lr: float = 1e-3  # cosine down to a tenth
     warmup_steps: int = 600  # ~4.5 min on 2 threads (0.45 s per step of 32, vision tower frozen); at 480
     #   paraphrased prompts audited harder than originals (-0.036 [-0.071, -0.001]), breaking DIVA's premise
