@@ -14,18 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from grpo_zoo.slice_keys import parse_slice_key
+from grpo_zoo.slice_keys import group_slices
 
 
 def slice_values(row: dict[str, Any], metric: str) -> dict[tuple[str, str], float]:
     """{(column, value): metric} of one eval record, in the record's value order; {} when its recipe set no eval.by."""
     name = metric.removeprefix("eval/")
-    out = {}
-    for key, value in row.items():
-        parsed = parse_slice_key(key)
-        if parsed and parsed[2] == name and value is not None:
-            out[parsed[0], parsed[1]] = float(value)
-    return out
+    return {(column, value): float(x) for column, by_name in group_slices(row).items()
+            for value, x in by_name.get(name, {}).items() if x is not None}
 
 
 @dataclass

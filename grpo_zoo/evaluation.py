@@ -110,7 +110,6 @@ def slice_metrics(prompts: list[Prompt], column: str, per_question: dict[str, to
     return out
 
 
-
 def _score(policy, prompts: list[Prompt], rewards, settings: EvalSettings, *, group_size: int, greedy: bool):
     scores = score_responses(policy, prompts, rewards, settings, group_size=group_size, greedy=greedy)
     fmt = scores.format if scores.format is not None else torch.zeros_like(scores.accuracy)

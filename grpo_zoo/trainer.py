@@ -27,7 +27,7 @@ from grpo_zoo.evaluation import evaluate
 from grpo_zoo.metrics import group_diagnostics, group_diagnostics_by_variant, masked_mean
 from grpo_zoo.rollout_ops import ScoredBatch, collect_batch
 from grpo_zoo.run import Run, build_run
-from grpo_zoo.slice_keys import parse_slice_key
+from grpo_zoo.slice_keys import group_slices, parse_slice_key
 from grpo_zoo.types import AdvantageInputs, LossInputs, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -48,14 +48,12 @@ class TrainResult:
                 lines.append(
                     f"held-out {key[5:]}: {self.first_eval[key]:.3f} at the start -> {self.last_eval[key]:.3f}"
                 )
-        by_column: dict[str, list[str]] = {}  # eval.by slices of pass@1: column -> ["value start -> end", ...]
-        for key, end in self.last_eval.items():
-            parsed = parse_slice_key(key)
-            if parsed and parsed[2] == "pass@1" and key in self.first_eval:
-                column, value, _ = parsed
-                by_column.setdefault(column, []).append(f"{value} {self.first_eval[key]:.3f} -> {end:.3f}")
-        for column, parts in by_column.items():
-            lines.append(f"  pass@1 by {column}: " + " | ".join(parts))
+        starts = group_slices(self.first_eval)  # eval.by slices: each value's pass@1 at the start -> end
+        for column, by_name in group_slices(self.last_eval).items():
+            start = starts.get(column, {}).get("pass@1", {})
+            parts = [f"{v} {start[v]:.3f} -> {end:.3f}" for v, end in by_name.get("pass@1", {}).items() if v in start]
+            if parts:
+                lines.append(f"  pass@1 by {column}: " + " | ".join(parts))
         lines.append(f"metrics:     {self.run_dir / 'metrics.jsonl'}")
         lines.append(f"tensorboard: {self.run_dir / 'tensorboard'}")
         if self.checkpoint:
@@ -499,17 +497,9 @@ def _progress(cfg: Config, start: int):
 
 def _format_eval(step: int, metrics: dict[str, float]) -> str:
     """One line of the eval's figures, then one line per eval.by column: its values' pass@1 (else greedy)."""
-    slices: dict[str, dict[str, list[str]]] = {}  # column -> metric -> ["value score", ...]
-    parts = []
-    for key, value in metrics.items():
-        parsed = parse_slice_key(key)
-        if parsed:
-            column, label, name = parsed
-            slices.setdefault(column, {}).setdefault(name, []).append(f"{label} {value:.3f}")
-        elif key.startswith("eval/"):
-            parts.append(f"{key[5:]}={value:.3f}")
+    parts = [f"{k[5:]}={v:.3f}" for k, v in metrics.items() if k.startswith("eval/") and not parse_slice_key(k)]
     lines = [f"[eval @ step {step}] " + " ".join(parts)]
-    for column, by_metric in slices.items():
-        name = "pass@1" if "pass@1" in by_metric else next(iter(by_metric))
-        lines.append(f"    {name} by {column}: " + " | ".join(by_metric[name]))
+    for column, by_name in group_slices(metrics).items():
+        name = "pass@1" if "pass@1" in by_name else next(iter(by_name))
+        lines.append(f"    {name} by {column}: " + " | ".join(f"{v} {x:.3f}" for v, x in by_name[name].items()))
     return "\n".join(lines)

@@ -10,7 +10,7 @@ The head is thrown away; the warm-up then trains the language model on the froze
 
 How long matters more than it looks. A linear read-out of the tower counted 66% of 128 held-out
 scenes exactly after 300 steps of 64 (the first default) and 92% after 900 steps of 32 (the
-default, ~1.8 min on 2 cores). On the weaker tower most of the base's counting errors were
+default, ~2 min on 2 cores). On the weaker tower most of the base's counting errors were
 perception, which RL cannot fix with the tower frozen: the default run gained +3.6 to +10.4
 points over five seeds. On the trained one the errors are mostly the demonstrations' own, which
 RL removes: +10.8 to +16.1 (README, "Set up"; issue #10's notes).
