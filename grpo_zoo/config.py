@@ -226,11 +226,13 @@ class TestbedConfig:
     eval_questions: int = 512
     seed: int = 0
     vision_pretrain_steps: int = 900  # the tower's own pre-training (testbed/vision_pretrain.py); 0 = random tower
-    vision_pretrain_batch_size: int = 32  # ~2-2.5 min on 2 threads; 900 x 32 reads counts as well as 900 x 64
+    vision_pretrain_batch_size: int = 32  # ~1.7 min on 2 threads; 900 x 32 reads counts as well as 900 x 64
     vision_pretrain_lr: float = 1e-3  # cosine down to a tenth
-    warmup_steps: int = 600  # ~4.5 min on 2 threads (0.45 s per step of 32, vision tower frozen); at 480
+    warmup_steps: int = 600  # ~4 min on 2 threads (0.41 s per step of 32, vision tower frozen); at 480
     #   paraphrased prompts audited harder than originals (-0.036 [-0.071, -0.001]), breaking DIVA's premise
     warmup_batch_size: int = 32
+    warmup_micro_batch_size: int = 16  # forward/backward in length-sorted halves: the same gradient (a sum
+    #   over rows), less padding (hinted prompts are ~1.7x as long): 330 vs 418 ms per step of 32 on 2 threads
     warmup_lr: float = 1e-3  # 2e-3 did not learn in the feasibility probe
     warmup_lr_min: float = 1e-4  # the cosine schedule ends here
     warmup_hold_share: float = 0.5  # share of the steps held at warmup_lr before the cosine

@@ -7,7 +7,8 @@ only), the *imperfect* demonstrations of `task.demonstration` (count errors grow
 number of shapes, arithmetic slips), on original prompts mixed with paraphrased prompts
 (equally hard) and hinted prompts (`variants.add_hint`; the demonstration copies the hinted
 steps, so hints make questions easier) — as an instruct model's pre-training would have
-shown it. AdamW, lr cosine from `warmup_lr` to `warmup_lr_min`, grad clip, batch 32.
+shown it. AdamW, lr cosine from `warmup_lr` to `warmup_lr_min`, grad clip, batch 32 run as
+two length-sorted micro-batches of 16 (the same gradient, a fifth less time: less padding).
 
 The result is cached under `cache_dir` keyed by a hash of every setting, the model sizes,
 the library versions and the source of the code that shapes it; it is written atomically
@@ -99,8 +100,9 @@ def ensure_testbed_model(cfg: TestbedConfig, log: Callable[[str], None] = print)
 
 
 def _check(cfg: TestbedConfig) -> None:
-    if cfg.warmup_steps < 0 or cfg.warmup_batch_size < 1:
-        raise ValueError("testbed.warmup_steps must be >= 0 and testbed.warmup_batch_size >= 1")
+    if cfg.warmup_steps < 0 or cfg.warmup_batch_size < 1 or cfg.warmup_micro_batch_size < 1:
+        raise ValueError("testbed.warmup_steps must be >= 0, and testbed.warmup_batch_size and "
+                         "warmup_micro_batch_size >= 1")
     if cfg.vision_pretrain_steps < 0 or cfg.vision_pretrain_batch_size < 1 or cfg.vision_pretrain_lr <= 0:
         raise ValueError("testbed.vision_pretrain_steps must be >= 0, vision_pretrain_batch_size >= 1 "
                          "and vision_pretrain_lr > 0")
@@ -153,6 +155,24 @@ def teacher_forcing_batch(policy, prompts: list[Prompt], targets: list[str]) -> 
     )
 
 
+def accumulate_nll_gradient(policy, batch: RolloutBatch, micro_batch_size: int) -> float:
+    """Backward the batch's mean NLL per response token, in length-sorted micro-batches; returns that mean.
+
+    Each micro-batch adds its share (its token NLL sum / the whole batch's token count), so the
+    accumulated gradient is the full batch's; sorted by length, each pads only to its own longest row.
+    """
+    from grpo_zoo.trainer import by_length
+
+    total = batch.response_mask.sum()
+    loss = 0.0
+    for rows in by_length(batch, torch.arange(len(batch.prompts))).split(micro_batch_size):
+        logp, _ = policy.logprobs(batch, rows)
+        part = -(logp * batch.response_mask[rows]).sum() / total
+        part.backward()
+        loss += float(part.detach())
+    return loss
+
+
 def _lr_at(step: int, cfg: TestbedConfig) -> float:
     """warmup_lr for the first warmup_hold_share of the steps, then a cosine down to warmup_lr_min."""
     hold = int(cfg.warmup_hold_share * cfg.warmup_steps)
@@ -164,9 +184,8 @@ def _lr_at(step: int, cfg: TestbedConfig) -> float:
 
 def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) -> dict:
     from grpo_zoo.policy import Policy
-    from grpo_zoo.testbed import task
     from grpo_zoo.testbed.tiny_model import build_tiny_vlm
-    from grpo_zoo.testbed.vision_pretrain import pretrain_vision
+    from grpo_zoo.testbed.vision_pretrain import linear_patch_embedding, pretrain_vision
 
     log(f"testbed: building the tiny VLM (seed {cfg.seed}) and warming it up for {cfg.warmup_steps} steps "
         f"of {cfg.warmup_batch_size} (cached after this run)")
@@ -175,10 +194,6 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     torch.set_flush_denormal(True)
     build_tiny_vlm(out, seed=cfg.seed)
     policy = Policy.from_pretrained(str(out))
-    # Fresh questions from their own stream (no question is shown twice): the warm-up plays an
-    # instruct model's pre-training, which never saw the RL pool, and a tiny model shown a small
-    # pool for many epochs would memorise its answers instead of learning to read the image.
-    questions = task.question_stream("train", cfg.seed, stream="warmup")
     rng = random.Random(f"grpo_zoo.warmup:{cfg.seed}")
     start_wall, start_cpu = time.time(), time.process_time()
     # The vision tower learns first, alone, where the shapes are (testbed/vision_pretrain.py), and
@@ -186,10 +201,36 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
     # Trained along with the language model, it collapsed: its image tokens grew ~200x larger
     # than text embeddings while their variation across images fell from ~30% to ~2% of their
     # norm (an attention sink that shows the LM nothing), and counts were guessed from the prior.
-    vision_report = pretrain_vision(policy, steps=cfg.vision_pretrain_steps, batch_size=cfg.vision_pretrain_batch_size,
-                                    lr=cfg.vision_pretrain_lr, seed=cfg.seed, log=log)
-    if cfg.warmup_vision_lr_mult == 0:
-        policy.freeze_vision()  # no backward through the tower either (faster)
+    # The patch embedding runs as a matmul in both phases (`linear_patch_embedding`: same function, faster).
+    with linear_patch_embedding(policy.model):
+        vision_report = pretrain_vision(policy, steps=cfg.vision_pretrain_steps,
+                                        batch_size=cfg.vision_pretrain_batch_size, lr=cfg.vision_pretrain_lr,
+                                        seed=cfg.seed, log=log)
+        if cfg.warmup_vision_lr_mult == 0:
+            policy.freeze_vision()  # no backward through the tower either (faster)
+        losses = _train_language_model(policy, cfg, rng, log, start_wall)
+    policy.model.eval()
+    policy.save(out)
+    return {
+        "settings": asdict(cfg),
+        "cache_key": cache_key(cfg),
+        "loss_curve": losses,
+        "vision_pretrain": vision_report,
+        "wall_seconds": time.time() - start_wall,
+        "cpu_seconds": time.process_time() - start_cpu,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _train_language_model(policy, cfg: TestbedConfig, rng: random.Random, log: Callable[[str], None],
+                          start_wall: float) -> list[float]:
+    """Teacher-force the demonstrations for `warmup_steps` steps; returns the loss curve."""
+    from grpo_zoo.testbed import task
+
+    # Fresh questions from their own stream (no question is shown twice): the warm-up plays an
+    # instruct model's pre-training, which never saw the RL pool, and a tiny model shown a small
+    # pool for many epochs would memorise its answers instead of learning to read the image.
+    questions = task.question_stream("train", cfg.seed, stream="warmup")
     vision = [p for name, p in policy.model.named_parameters() if ".visual." in f".{name}" and p.requires_grad]
     ids = {id(p) for p in vision}
     rest = [p for p in policy.parameters_for_training() if id(p) not in ids and p.requires_grad]
@@ -203,25 +244,12 @@ def _build_and_train(cfg: TestbedConfig, out: Path, log: Callable[[str], None]) 
         batch = teacher_forcing_batch(policy, [p for p, _ in pairs], [t for _, t in pairs])
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, cfg) * group["lr_mult"]
-        logp, _ = policy.logprobs(batch, torch.arange(len(pairs)))
-        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()  # mean NLL per response token
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses.append(accumulate_nll_gradient(policy, batch, cfg.warmup_micro_batch_size))
         torch.nn.utils.clip_grad_norm_(policy.parameters_for_training(), cfg.warmup_grad_clip)
         optimizer.step()
-        losses.append(float(loss.detach()))
         if (step + 1) % every == 0 or step + 1 == cfg.warmup_steps:
             recent = sum(losses[-every:]) / len(losses[-every:])
             log(f"testbed warm-up: step {step + 1}/{cfg.warmup_steps}  loss {recent:.3f}  "
                 f"{time.time() - start_wall:.0f}s")
-    policy.model.eval()
-    policy.save(out)
-    return {
-        "settings": asdict(cfg),
-        "cache_key": cache_key(cfg),
-        "loss_curve": losses,
-        "vision_pretrain": vision_report,
-        "wall_seconds": time.time() - start_wall,
-        "cpu_seconds": time.process_time() - start_cpu,
-        "torch_threads": torch.get_num_threads(),
-    }
+    return losses

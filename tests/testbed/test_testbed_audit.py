@@ -12,11 +12,12 @@ samples ~12k sequences, so it is opt-in (`-m slow`):
 
     python -m pytest -m slow tests/testbed/test_testbed_audit.py
 
-It is the bar of issue #13. Measured at the base with the 900-step vision pre-training (`grpo-zoo
-audit --model testbed --variant-questions 128 --kinds hint,paraphrase,perturb_rotate,perturb_noise,
-perturb_occlude --no-durian`): all-wrong 18.0%, mixed 61.6%, all-right 20.4%; hints +0.37 and +0.39,
-paraphrase -0.022 [-0.053, +0.008], rotate / noise / occlude -0.38 / -0.25 / -0.36; 1.9 visits per
-question (the earlier 300-step base: 19.0 / 65.2 / 15.8%). The paraphrase verdict has the thinnest
+It is the bar of issue #13. Measured at today's base (`grpo-zoo audit --model testbed
+--variant-questions 128 --kinds hint,paraphrase,perturb_rotate,perturb_noise,perturb_occlude
+--no-durian`): all-wrong 17.8%, mixed 61.8%, all-right 20.4%; hints +0.36 and +0.37, paraphrase
+-0.013 [-0.040, +0.014], rotate / noise / occlude -0.39 / -0.26 / -0.35; 1.9 visits per question
+(the base before the micro-batched warm-up: 18.0 / 61.6 / 20.4%, paraphrase -0.022 [-0.053, +0.008];
+the earlier 300-step vision base: 19.0 / 65.2 / 15.8%). The paraphrase verdict has the thinnest
 margin: a base warmed up for 480 instead of 600 steps audited it harder (-0.036 [-0.071, -0.001]),
 and a warm-up built on another CPU can round differently, so this stays opt-in rather than gate CI
 on a margin no run has measured across machines.

@@ -154,3 +154,46 @@ def test_warmup_lr_holds_then_decays_to_the_minimum(tmp_path):
     lrs = [_lr_at(step, cfg) for step in range(10)]
     assert lrs[:6] == [1e-3] * 6  # steps 0-4 held, step 5 starts the cosine at its top
     assert all(a > b for a, b in zip(lrs[5:], lrs[6:])) and lrs[-1] == pytest.approx(1e-4)
+
+
+def test_micro_batched_nll_gradient_is_the_full_batch_gradient(tiny_dir, tmp_path):
+    """Length-sorted micro-batches (`warmup_micro_batch_size`) change the padding, not the gradient or the loss."""
+    from grpo_zoo.policy import Policy
+    from grpo_zoo.testbed import task
+    from grpo_zoo.testbed.warmup import accumulate_nll_gradient, teacher_forcing_batch, warmup_example
+
+    policy = Policy.from_pretrained(str(tiny_dir))
+    policy.freeze_vision()
+    cfg = _tiny_warmup_cfg(tmp_path)
+    rng = random.Random(0)
+    pairs = [warmup_example(q, rng, cfg) for q in task.make_questions("train", 7, 0)]  # hinted prompts are longer
+    batch = teacher_forcing_batch(policy, [p for p, _ in pairs], [t for _, t in pairs])
+    params = [p for p in policy.parameters_for_training() if p.requires_grad]
+    results = []
+    for micro in (7, 3):
+        for p in params:
+            p.grad = None
+        loss = accumulate_nll_gradient(policy, batch, micro)
+        results.append((loss, [p.grad.clone() for p in params]))
+    (full_loss, full_grads), (micro_loss, micro_grads) = results
+    assert micro_loss == pytest.approx(full_loss, rel=1e-5) and full_loss > 0
+    for a, b in zip(full_grads, micro_grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_linear_patch_embedding_is_the_same_function_and_switches_back(tiny_dir):
+    from grpo_zoo.policy import Policy, image_features
+    from grpo_zoo.testbed import task
+    from grpo_zoo.testbed.vision_pretrain import linear_patch_embedding
+
+    policy = Policy.from_pretrained(str(tiny_dir))
+    images = [q.images[0] for q in task.make_questions("train", 3, 0)]
+    with torch.no_grad():
+        conv = torch.stack(image_features(policy, images))
+        with linear_patch_embedding(policy.model) as switched:
+            matmul = torch.stack(image_features(policy, images))
+        again = torch.stack(image_features(policy, images))
+    assert switched == 1
+    torch.testing.assert_close(matmul, conv, rtol=1e-4, atol=1e-5)
+    assert torch.equal(again, conv)  # the convolution is back
+    assert not any("forward" in vars(m) for m in policy.model.modules())
