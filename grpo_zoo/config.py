@@ -228,7 +228,7 @@ class TestbedConfig:
     vision_pretrain_steps: int = 900  # the tower's own pre-training (testbed/vision_pretrain.py); 0 = random tower
     vision_pretrain_batch_size: int = 32  # ~1.7 min on 2 threads; 900 x 32 reads counts as well as 900 x 64
     vision_pretrain_lr: float = 1e-3  # cosine down to a tenth
-    warmup_steps: int = 600  # ~4 min on 2 threads (0.41 s per step of 32, vision tower frozen); at 480
+    warmup_steps: int = 600  # ~4 min on 2 threads (0.39-0.41 s per step of 32, tower frozen); at 480
     #   paraphrased prompts audited harder than originals (-0.036 [-0.071, -0.001]), breaking DIVA's premise
     warmup_batch_size: int = 32
     warmup_micro_batch_size: int = 16  # forward/backward in length-sorted halves: the same gradient (a sum
