@@ -51,30 +51,29 @@ ARMS = {
 
 def build_model(shape: str, out_dir: Path, dtype: torch.dtype, device: str) -> tuple[Path, int]:
     """A random Qwen2.5-VL checkpoint of `shape`'s sizes, initialised on `device` in `dtype`, saved; its size."""
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from grpo_zoo.hf_compat import Qwen2_5_VLProcessor
-    from grpo_zoo.testbed.tiny_model import TinyVLMSpec, tiny_config
+    from grpo_zoo.testbed.tiny_model import (
+        TinyVLMSpec,
+        generation_config,
+        special_token_ids,
+        tiny_config,
+        tiny_processor,
+    )
     from grpo_zoo.testbed.tokenizer import build_tokenizer
 
     entry = SHAPES[shape]
     spec = TinyVLMSpec(**entry["spec"])
     tokenizer = build_tokenizer()
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>",
-                                                          "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    ids = special_token_ids(tokenizer)
     config = tiny_config(spec, max(entry["vocab"], len(tokenizer)), ids)
     if entry["full_attention"]:
         config.vision_config.fullatt_block_indexes = entry["full_attention"]
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype).eval()
-    model.generation_config = GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-                                               pad_token_id=ids["<|endoftext|>"])
-    processor = Qwen2_5_VLProcessor(
-        Qwen2VLImageProcessorPil(size={"shortest_edge": spec.pixels, "longest_edge": spec.pixels},
-                                 patch_size=spec.patch, temporal_patch_size=2, merge_size=spec.merge),
-        tokenizer, chat_template=tokenizer.chat_template)
+    model.generation_config = generation_config(ids)
+    processor = tiny_processor(spec, tokenizer)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     parameters = sum(p.numel() for p in model.parameters())

@@ -94,6 +94,28 @@ def tiny_config(spec: TinyVLMSpec, vocab_size: int, ids: dict[str, int]) -> Qwen
     )
 
 
+def special_token_ids(tokenizer) -> dict[str, int]:
+    """The ids of the chat and vision special tokens `tiny_config` and `generation_config` need."""
+    return {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>",
+                                                           "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+
+
+def generation_config(ids: dict[str, int]) -> GenerationConfig:
+    """Stop at <|im_end|> or <|endoftext|>; pad with <|endoftext|>."""
+    return GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"])
+
+
+def tiny_processor(spec: TinyVLMSpec, tokenizer) -> Qwen2_5_VLProcessor:
+    """The torchvision-free Qwen2.5-VL processor: the PIL image processor at `spec.pixels` + `tokenizer`."""
+    image_processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": spec.pixels, "longest_edge": spec.pixels},
+        patch_size=spec.patch,
+        temporal_patch_size=2,
+        merge_size=spec.merge,
+    )
+    return Qwen2_5_VLProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+
+
 def build_tiny_vlm(out_dir: Path, seed: int, spec: TinyVLMSpec | None = None) -> Path:
     """Write a randomly initialised tiny Qwen2.5-VL checkpoint (config, safetensors, tokenizer, processor).
 
@@ -110,23 +132,13 @@ def build_tiny_vlm(out_dir: Path, seed: int, spec: TinyVLMSpec | None = None) ->
     spec = spec or TinyVLMSpec()
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>",
-                                                          "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    ids = special_token_ids(tokenizer)
     config = tiny_config(spec, len(tokenizer), ids)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    model.generation_config = GenerationConfig(
-        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-        pad_token_id=ids["<|endoftext|>"],
-    )
-    image_processor = Qwen2VLImageProcessorPil(
-        size={"shortest_edge": spec.pixels, "longest_edge": spec.pixels},
-        patch_size=spec.patch,
-        temporal_patch_size=2,
-        merge_size=spec.merge,
-    )
-    processor = Qwen2_5_VLProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+    model.generation_config = generation_config(ids)
+    processor = tiny_processor(spec, tokenizer)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
