@@ -74,8 +74,7 @@ def linear_patch_embedding(model: torch.nn.Module) -> Iterator[int]:
         weight = self.proj.weight.flatten(1)  # [embed, channels * time * patch * patch]
         return torch.nn.functional.linear(pixels.reshape(-1, weight.shape[1]).to(weight.dtype), weight)
 
-    switched = [m for m in model.modules() if isinstance(getattr(m, "proj", None), torch.nn.Conv3d)
-                and m.proj.stride == m.proj.kernel_size and m.proj.bias is None and not any(m.proj.padding)]
+    switched = [m for m in model.modules() if _patchwise(getattr(m, "proj", None))]
     for module in switched:
         module.forward = types.MethodType(as_matmul, module)
     try:
@@ -83,6 +82,12 @@ def linear_patch_embedding(model: torch.nn.Module) -> Iterator[int]:
     finally:
         for module in switched:
             del module.forward  # the class's own forward again
+
+
+def _patchwise(conv) -> bool:
+    """Whether `conv` is a bias-free Conv3d that meets each input patch exactly once (a matmul in disguise)."""
+    return (isinstance(conv, torch.nn.Conv3d) and conv.bias is None and conv.groups == 1
+            and conv.stride == conv.kernel_size and conv.dilation == (1, 1, 1) and not any(conv.padding))
 
 
 def pretrain_vision(policy, *, steps: int, batch_size: int, lr: float, seed: int,
